@@ -1,0 +1,62 @@
+"""The `pdctl` command line: parse, call the library, render. Nothing else lives here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdctl import __version__
+from pdctl.cli_support import DEBUG, TOPOLOGY_HELP, call, load_topology, out
+from pdctl.plan import plan as make_plan
+from pdctl.plan_view import plan_json, render_plan
+
+app = typer.Typer(
+    help="Run prefill/decode disaggregated vLLM with bidirectional KV transfer, from one YAML topology.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+TopologyOpt = Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a topology key, e.g. --set connector.bidirectional_kv_xfer=false."),
+]
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    DEBUG["on"] = debug
+    if version:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
+@app.command()
+def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
+    """Check a topology file and report every problem with its file:line."""
+    topo = call(lambda: load_topology(topology, overrides))
+    out.print(
+        f"[green]ok[/] {topo.name}: {len(topo.prefill)} prefill, {len(topo.decode)} decode, "
+        f"engine {topo.engine}, {len(topo.nodes)} node(s)"
+    )
+
+
+@app.command()
+def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
+    specs = call(lambda: make_plan(load_topology(topology, overrides)))
+    if as_json:
+        print(plan_json(specs))
+    else:
+        render_plan(specs, out)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,200 @@
+"""Pure: a validated Topology -> the ordered processes to run (decodes, prefills, then the router).
+
+No I/O here. Paths may start with `~/`; the transport expands them on the host.
+`vllm` and `sim` engines differ only in argv; both read the same NIXL environment variables and
+`--kv-transfer-config` JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pdctl.topology import Instance, Role, Topology
+
+ProcessRole = Literal["prefill", "decode", "router"]
+MARKER = "PDCTL_DEPLOYMENT"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a deployment, with everything needed to start, find, check and stop it."""
+
+    name: str
+    role: ProcessRole
+    node: str
+    host: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    workdir: str
+    log_path: str
+    health_url: str
+    url: str
+    ports: tuple[int, ...]
+    gpus: tuple[int, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argv"] = list(self.argv)
+        data["ports"] = list(self.ports)
+        data["gpus"] = list(self.gpus)
+        return data
+
+
+def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]:
+    """Every process of the deployment, in start order. `self_python` runs pdctl where python.venv is null."""
+    specs = [_engine(topo, role, i, inst, self_python) for role, i, inst in topo.instances()]
+    specs.append(_router(topo, specs, self_python))
+    return specs
+
+
+def run_dir(topo: Topology) -> str:
+    return f"{topo.work_dir.rstrip('/')}/{topo.name}"
+
+
+def python_for(topo: Topology, self_python: str = sys.executable) -> str:
+    venv = topo.python.venv
+    return f"{venv.rstrip('/')}/bin/python" if venv else self_python
+
+
+def kv_transfer_config(topo: Topology, role: Role, inst: Instance) -> dict[str, Any]:
+    conn = topo.connector_for(inst)
+    extra: dict[str, Any] = {
+        "backends": [conn.backend],
+        "kv_recompute_threshold": conn.kv_recompute_threshold,
+        "decoder_kv_blocks_ttl": conn.decoder_kv_blocks_ttl,
+        "bidirectional_kv_xfer": conn.bidirectional_kv_xfer,
+    }
+    if conn.kv_lease_duration is not None:
+        extra["kv_lease_duration"] = conn.kv_lease_duration
+    extra.update(conn.extra_config)
+    return {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+        "kv_buffer_device": conn.kv_buffer_device,
+        "kv_load_failure_policy": conn.kv_load_failure_policy,
+        "kv_connector_extra_config": extra,
+    }
+
+
+def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str) -> ProcessSpec:
+    node = topo.node(inst.node)
+    name = f"{role}-{i}"
+    env = {
+        **topo.env.all,
+        MARKER: topo.name,
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": node.address,
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(inst.side_channel_port),
+    }
+    if inst.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in inst.gpus)
+    if topo.engine == "vllm":
+        if topo.connector.backend == "LIBFABRIC":
+            env["FI_PROVIDER"] = "efa"
+        else:
+            env.setdefault("UCX_NET_DEVICES", "all")
+        if topo.efa.required:
+            env["NIXL_LOG_LEVEL"] = "DEBUG"
+        if topo.hf_home:
+            env["HF_HOME"] = topo.hf_home
+    env.update(getattr(topo.env, role))
+    argv = _vllm_argv(topo, role, inst) if topo.engine == "vllm" else _sim_argv(topo, role, inst, self_python)
+    side = tuple(inst.side_channel_port + r for r in range(inst.data_parallel_size))
+    url = f"http://{node.address}:{inst.port}"
+    return ProcessSpec(
+        name=name,
+        role=role,
+        node=node.name,
+        host=node.address,
+        argv=tuple(argv),
+        env=env,
+        workdir=run_dir(topo),
+        log_path=f"{run_dir(topo)}/logs/{name}.log",
+        health_url=f"{url}/health",
+        url=url,
+        ports=(inst.port, *side),
+        gpus=tuple(inst.gpus),
+    )
+
+
+def _model_args(topo: Topology, role: Role, inst: Instance) -> list[str]:
+    model = topo.model_for(inst)
+    args = [
+        "--served-model-name", model.name,
+        "--dtype", model.dtype,
+    ]
+    return args
+
+
+def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
+    model = topo.model_for(inst)
+    venv = topo.python.venv
+    vllm = f"{venv.rstrip('/')}/bin/vllm" if venv else "vllm"
+    argv = [vllm, "serve", model.local_dir or model.id, *_model_args(topo, role, inst)]
+    argv += ["--tensor-parallel-size", str(inst.tp)]
+    if inst.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(inst.data_parallel_size)]
+    argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
+    if not topo.prefix_caching_for(role, inst):
+        argv.append("--no-enable-prefix-caching")
+    argv += ["--port", str(inst.port)]
+    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
+    if model.block_size is not None:
+        argv += ["--block-size", str(model.block_size)]
+    if model.revision and not model.local_dir:
+        argv += ["--revision", model.revision]
+    if model.load_format:
+        argv += ["--load-format", model.load_format]
+    if model.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}"]
+    if model.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + getattr(topo.extra_args, role)
+
+
+def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> list[str]:
+    model = topo.model_for(inst)
+    node = topo.node(inst.node)
+    argv = [python_for(topo, self_python), "-m", "pdctl.sim", "serve", model.id, "--role", role]
+    argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, role, inst)]
+    argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
+    argv += ["--block-size", str(model.block_size or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
+    if not topo.prefix_caching_for(role, inst):
+        argv.append("--no-enable-prefix-caching")
+    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
+    argv += ["--speed", f"{topo.sim.speed:g}", *topo.sim.args]
+    return argv + getattr(topo.extra_args, role)
+
+
+def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
+    node = topo.node(topo.router.node)
+    r = topo.router
+    argv = [python_for(topo, self_python), "-m", "pdctl", "router", "serve"]
+    argv += ["--host", r.bind or node.address, "--port", str(r.port)]
+    argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
+    argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
+    ttl = min(topo.connector_for(d).decoder_kv_blocks_ttl for d in topo.decode)
+    argv += ["--handle-ttl", f"{r.handle_ttl:g}", "--decoder-kv-blocks-ttl", str(ttl)]
+    argv += ["--block-size", str(topo.model.block_size or 16), "--model", topo.model.name]
+    if not r.verify_prefix:
+        argv.append("--no-verify-prefix")
+    if r.api_key_env:
+        argv += ["--api-key-env", r.api_key_env]
+    env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
+    url = f"http://{node.address}:{r.port}"
+    return ProcessSpec(
+        name="router",
+        role="router",
+        node=node.name,
+        host=node.address,
+        argv=tuple(argv),
+        env=env,
+        workdir=run_dir(topo),
+        log_path=f"{run_dir(topo)}/logs/router.log",
+        health_url=f"{url}/health",
+        url=url,
+        ports=(r.port,),
+    )

@@ -1,0 +1,197 @@
+"""The topology file: one YAML document describing a P/D deployment, and its pydantic schema.
+
+Every field carries its description and default here, in one place; `load()` parses the file, validates the
+schema and the cross-field rules (`topology_checks`), and reports every problem at once with file:line.
+A loaded topology is frozen.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["prefill", "decode"]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Node(Strict):
+    name: str = Field(description="Name used by instances and the router to refer to this node.")
+    address: str = Field("127.0.0.1", description="Address other nodes and the CLI use to reach this node.")
+    user: str | None = Field(None, description="SSH user; default from ~/.ssh/config or the local user.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    ssh_alias: str | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")
+    transport: Literal["ssh", "local"] = Field("ssh", description="How pdctl reaches the node.")
+    gpus: int = Field(0, ge=0, description="Number of GPUs on the node (0: not checked).")
+
+
+class Model(Strict):
+    id: str = Field(description="Hugging Face model id, e.g. Qwen/Qwen3-32B.")
+    revision: str | None = Field(None, description="Model revision (commit or tag) to pin.")
+    served_name: str | None = Field(None, description="Name clients use (--served-model-name); default: id.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype.")
+    max_model_len: int = Field(32768, gt=0, description="Longest prompt + output, in tokens.")
+    max_num_seqs: int = Field(8, gt=0, description="Most requests an engine runs at once.")
+    block_size: int | None = Field(None, gt=0, description="KV block size in tokens; default: the engine's (16).")
+    local_dir: str | None = Field(None, description="Model directory on the nodes; replaces the hub download.")
+    load_format: str | None = Field(None, description="vLLM --load-format, e.g. `dummy` for random weights.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    enforce_eager: bool = Field(False, description="vLLM --enforce-eager (no CUDA graphs).")
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.id
+
+
+class ModelOverride(Strict):
+    """Per-instance model settings; every field left out takes the topology's `model` value."""
+
+    id: str | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    block_size: int | None = Field(None, gt=0)
+
+
+class Connector(Strict):
+    backend: Literal["LIBFABRIC", "UCX"] = Field("UCX", description="NIXL backend: LIBFABRIC (EFA) or UCX.")
+    bidirectional_kv_xfer: bool = Field(True, description="Decode hands its KV back to prefill next turn.")
+    kv_recompute_threshold: int = Field(64, ge=0, description="Pull only when at least this many tokens.")
+    decoder_kv_blocks_ttl: int = Field(480, gt=0, description="Seconds decode keeps a finished turn's blocks.")
+    kv_lease_duration: int | None = Field(None, gt=0, description="Seconds prefill keeps blocks for decode.")
+    kv_buffer_device: Literal["cuda", "cpu"] = Field("cuda", description="Where NIXL registers the KV buffer.")
+    kv_load_failure_policy: Literal["fail", "recompute"] = Field("fail", description="On a failed KV read.")
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict, description="More kv_connector_extra_config keys, passed through."
+    )
+
+
+class ConnectorOverride(Strict):
+    """Per-instance connector settings; every field left out takes the topology's `connector` value."""
+
+    bidirectional_kv_xfer: bool | None = None
+    kv_recompute_threshold: int | None = Field(None, ge=0)
+    decoder_kv_blocks_ttl: int | None = Field(None, gt=0)
+    kv_load_failure_policy: Literal["fail", "recompute"] | None = None
+
+
+class Instance(Strict):
+    node: str = Field(description="Node that runs this instance.")
+    gpus: list[int] = Field(default_factory=list, description="GPU ids (CUDA_VISIBLE_DEVICES).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size.")
+    port: int = Field(ge=1, le=65535, description="HTTP port of the OpenAI-compatible server.")
+    side_channel_port: int = Field(5600, ge=1, le=65535, description="NIXL side-channel base port.")
+    data_parallel_size: int = Field(1, ge=1, description="Engines behind this server; side channel base+rank.")
+    prefix_caching: bool | None = Field(None, description="Prefix caching; default: off on prefill, on decode.")
+    model: ModelOverride | None = Field(None, description="Model settings that differ for this instance.")
+    connector: ConnectorOverride | None = Field(None, description="Connector settings for this instance.")
+
+    @field_validator("gpus")
+    @classmethod
+    def _non_negative(cls, gpus: list[int]) -> list[int]:
+        if any(g < 0 for g in gpus):
+            raise ValueError("GPU ids are >= 0")
+        return gpus
+
+
+class Router(Strict):
+    node: str = Field(description="Node that runs the router.")
+    port: int = Field(8000, ge=1, le=65535, description="Port clients connect to.")
+    bind: str | None = Field(None, description="Address to listen on; default: the node's address.")
+    handle_ttl: float = Field(450, gt=0, description="Seconds the router trusts a decode handle.")
+    api_key_env: str | None = Field(None, description="Env var holding the API key clients must send.")
+    verify_prefix: bool = Field(True, description="Reuse only KV whose tokens match the new prompt.")
+
+
+class Efa(Strict):
+    required: bool = Field(False, description="Install and check EFA; fail when transfers fall back to TCP.")
+    installer_version: str | None = Field(None, description="aws-efa-installer version to install.")
+    sha256: str | None = Field(None, description="sha256 of aws-efa-installer-<version>.tar.gz.")
+    devices: int = Field(16, ge=1, description="EFA devices expected per node (16 on p5en.48xlarge).")
+
+
+class Python(Strict):
+    venv: str | None = Field(
+        "~/.pdctl/venv", description="Venv on the nodes; null: the CLI's own interpreter (local nodes only)."
+    )
+    vllm_version: str = Field("0.33.0", description="vLLM version installed on the nodes.")
+    nixl_version: str = Field("1.5.1", description="NIXL version installed on the nodes.")
+    packages: list[str] = Field(default_factory=list, description="More requirements to install on the nodes.")
+    wheelhouse: str | None = Field(None, description="Local wheel directory: install offline from it.")
+
+
+class Sim(Strict):
+    speed: float = Field(1.0, gt=0, description="Simulator time scale: 1 = H200-calibrated, 100 = 100x faster.")
+    num_blocks: int = Field(40000, gt=0, description="KV blocks per simulated instance.")
+    args: list[str] = Field(default_factory=list, description="More `pdctl.sim serve` arguments.")
+
+
+class RoleEnv(Strict):
+    all: dict[str, str] = Field(default_factory=dict, description="Env for every process.")
+    prefill: dict[str, str] = Field(default_factory=dict)
+    decode: dict[str, str] = Field(default_factory=dict)
+    router: dict[str, str] = Field(default_factory=dict)
+
+
+class RoleArgs(Strict):
+    prefill: list[str] = Field(default_factory=list, description="Extra engine arguments for prefill.")
+    decode: list[str] = Field(default_factory=list, description="Extra engine arguments for decode.")
+
+
+class Topology(Strict):
+    name: str = Field(description="Deployment name: lowercase letters, digits, dashes.")
+    engine: Literal["vllm", "sim"] = Field("vllm", description="vllm on GPUs, or pdctl's simulator.")
+    nodes: list[Node] = Field(min_length=1)
+    model: Model
+    prefill: list[Instance] = Field(min_length=1)
+    decode: list[Instance] = Field(min_length=1)
+    connector: Connector = Field(default_factory=Connector)
+    router: Router
+    efa: Efa = Field(default_factory=Efa)
+    python: Python = Field(default_factory=Python)
+    sim: Sim = Field(default_factory=Sim)
+    env: RoleEnv = Field(default_factory=RoleEnv)
+    extra_args: RoleArgs = Field(default_factory=RoleArgs)
+    work_dir: str = Field("~/.pdctl", description="Per-node directory for logs and run files.")
+    hf_home: str | None = Field(None, description="HF_HOME on the nodes (model cache).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError("use lowercase letters, digits and dashes, starting with a letter or digit")
+        return name
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def instances(self) -> list[tuple[Role, int, Instance]]:
+        """Every engine instance, decodes first (the order they are started in)."""
+        return [("decode", i, d) for i, d in enumerate(self.decode)] + [
+            ("prefill", i, p) for i, p in enumerate(self.prefill)
+        ]
+
+    def model_for(self, inst: Instance) -> Model:
+        if inst.model is None:
+            return self.model
+        return self.model.model_copy(update=inst.model.model_dump(exclude_none=True))
+
+    def connector_for(self, inst: Instance) -> Connector:
+        if inst.connector is None:
+            return self.connector
+        return self.connector.model_copy(update=inst.connector.model_dump(exclude_none=True))
+
+    def prefix_caching_for(self, role: Role, inst: Instance) -> bool:
+        return inst.prefix_caching if inst.prefix_caching is not None else role == "decode"
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Topology:
+    """Read, validate and freeze a topology file; `overrides` are `dotted.key=yaml-value` strings."""
+    from pdctl.topology_file import load_file
+
+    return load_file(Path(path), overrides or [])

@@ -1,0 +1,164 @@
+"""Parsing a topology file into a `Topology`, with every problem located at file:line and key."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pdctl.errors import Problem, TopologyError
+from pdctl.topology import Topology
+from pdctl.topology_checks import check
+
+Loc = tuple[str | int, ...]
+
+
+def load_file(path: Path, overrides: list[str]) -> Topology:
+    shown = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise TopologyError([Problem(shown, None, "", "file not found", "pass an existing file with -t")]) from None
+    except OSError as exc:
+        raise TopologyError([Problem(shown, None, "", f"cannot read: {exc.strerror}")]) from None
+    return parse(text, shown, overrides)
+
+
+def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
+    data, lines = _read_yaml(text, shown)
+    for override in overrides or []:
+        _apply_override(data, override, shown)
+    try:
+        topo = Topology.model_validate(data)
+    except ValidationError as exc:
+        raise TopologyError([_problem(err, lines, shown) for err in exc.errors()]) from None
+    problems = [Problem(shown, _line(lines, loc), _dotted(loc), msg, hint) for loc, msg, hint in check(topo)]
+    if problems:
+        raise TopologyError(problems)
+    return topo
+
+
+def _read_yaml(text: str, shown: str) -> tuple[dict[str, Any], dict[Loc, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise TopologyError(
+            [Problem(shown, line, "", f"YAML syntax error: {reason}", "check indentation and quoting")]
+        ) from None
+    if node is None or data is None:
+        raise TopologyError(
+            [Problem(shown, None, "", "the file is empty", "start from configs/local-sim.yaml")]
+        )
+    if not isinstance(data, dict):
+        raise TopologyError(
+            [Problem(shown, node.start_mark.line + 1, "", "expected a mapping of keys at the top level")]
+        )
+    lines: dict[Loc, int] = {}
+    _index(node, (), lines)
+    return data, lines
+
+
+def _index(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*loc, key.value)
+            _index(value, child, lines)
+            lines[child] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index(item, (*loc, i), lines)
+
+
+def _line(lines: dict[Loc, int], loc: Loc) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _dotted(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem(err: Any, lines: dict[Loc, int], shown: str) -> Problem:
+    loc: Loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean `{close[0]}`?" if close else f"known keys: {', '.join(sorted(known))}"
+        return Problem(shown, _line(lines, loc), _dotted(loc), "unknown key", hint)
+    if kind == "missing":
+        return Problem(shown, _line(lines, loc[:-1]), _dotted(loc), "required key is missing", "add it")
+    got = err.get("input")
+    shown_value = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    message = err["msg"].removeprefix("Value error, ")
+    return Problem(shown, _line(lines, loc), _dotted(loc), f"{message}{shown_value}")
+
+
+def _fields_at(loc: Loc) -> list[str]:
+    """Field names of the model found at `loc` inside a Topology, for "did you mean"."""
+    model: type[BaseModel] | None = Topology
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        model = _model_of(field.annotation) if field else None
+    return list(model.model_fields) if model else []
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found:
+            return found
+    return None
+
+
+def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
+    """Set `a.b[0].c=value` (value parsed as YAML) in the raw document; `prefill[*].x` sets every item."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise TopologyError([Problem(shown, None, override, "override must look like key.path=value")])
+    value = yaml.safe_load(raw)
+    parts: list[str] = []
+    for piece in key.replace("]", "").split("."):
+        parts.extend(piece.split("["))
+    targets: list[Any] = [data]
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        nxt: list[Any] = []
+        for target in targets:
+            if isinstance(target, list):
+                indices = range(len(target)) if part == "*" else [int(part)] if part.isdigit() else []
+                if not indices or max(indices) >= len(target):
+                    raise TopologyError([Problem(shown, None, key, f"no list item `{part}` to override")])
+                for idx in indices:
+                    if last:
+                        target[idx] = value
+                    else:
+                        nxt.append(target[idx])
+            elif isinstance(target, dict):
+                if last:
+                    target[part] = value
+                else:
+                    nxt.append(target.setdefault(part, {}))
+            else:
+                raise TopologyError([Problem(shown, None, key, f"cannot override inside `{part}`")])
+        targets = nxt
