@@ -58,5 +58,9 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
         render_plan(specs, out)
 
 
+# Each area registers its commands from its own module (one line each, keep alphabetical).
+# e.g.: from pdctl.cli_router import register as _register_router; _register_router(app)
+
+
 def main() -> None:
     app()

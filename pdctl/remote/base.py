@@ -1,0 +1,101 @@
+"""The one interface every host is reached through: run a command, move a file, read a file.
+
+`local.LocalTransport` and `ssh.SshTransport` implement it; everything that touches a host (facts, operations,
+launch) takes a `Transport` and never knows which one it has. Commands are data: an argv list is quoted with
+`shlex` before it reaches a shell; a `str` is a shell script run by `sh -c` (bash where the script needs it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdctl.errors import RemoteCommandError
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, bytes total) while a file moves."""
+
+Command = str | Sequence[str]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def lines(self) -> list[str]:
+        return self.stdout.splitlines()
+
+
+def render(command: Command, env: Mapping[str, str] | None = None, sudo: bool = False) -> str:
+    """One shell line for `command`; a leading `~/` in argv items becomes `"$HOME"/`."""
+    script = command if isinstance(command, str) else " ".join(expand_home(a) for a in command)
+    if env:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        script = f"export {exports}; {script}"
+    if sudo:
+        script = f"sudo -n sh -c {shlex.quote(script)}"
+    return script
+
+
+def expand_home(arg: str) -> str:
+    """Quote one argument for a POSIX shell, letting a leading `~/` expand to the remote user's home."""
+    if arg == "~":
+        return '"$HOME"'
+    if arg.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(arg[2:])
+    return shlex.quote(arg)
+
+
+class Transport(ABC):
+    """A connection to one host. Implementations are safe to use from one thread at a time per call."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    def run(
+        self,
+        command: Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        sudo: bool = False,
+        timeout: float | None = 60.0,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        """Run a command to completion and return its result; never raises for a non-zero exit."""
+
+    @abstractmethod
+    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+        """Copy a local file to `remote` (parent directories created; `~/` allowed)."""
+
+    def check(self, command: Command, **kwargs: object) -> CommandResult:
+        """Run and raise `RemoteCommandError` (host, command, exit code, stderr tail) on a non-zero exit."""
+        result = self.run(command, **kwargs)  # type: ignore[arg-type]
+        if not result.ok:
+            shown = command if isinstance(command, str) else shlex.join(command)
+            tail = "\n".join((result.stderr or result.stdout).splitlines()[-15:])
+            raise RemoteCommandError(self.name, shown, result.exit_code, tail)
+        return result
+
+    def read_text(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        """The end of a text file, or None when it does not exist."""
+        res = self.run(f"test -f {expand_home(path)} && tail -c {max_bytes} {expand_home(path)}")
+        return res.stdout if res.ok else None
+
+    def tail(self, path: str, lines: int = 20) -> str:
+        res = self.run(f"tail -n {lines} {expand_home(path)} 2>/dev/null")
+        return res.stdout
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the connection."""
