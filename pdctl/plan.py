@@ -120,20 +120,16 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
     )
 
 
-def _model_args(topo: Topology, role: Role, inst: Instance) -> list[str]:
+def _model_args(topo: Topology, inst: Instance) -> list[str]:
     model = topo.model_for(inst)
-    args = [
-        "--served-model-name", model.name,
-        "--dtype", model.dtype,
-    ]
-    return args
+    return ["--served-model-name", model.name, "--dtype", model.dtype]
 
 
 def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     model = topo.model_for(inst)
     venv = topo.python.venv
     vllm = f"{venv.rstrip('/')}/bin/vllm" if venv else "vllm"
-    argv = [vllm, "serve", model.local_dir or model.id, *_model_args(topo, role, inst)]
+    argv = [vllm, "serve", model.local_dir or model.id, *_model_args(topo, inst)]
     argv += ["--tensor-parallel-size", str(inst.tp)]
     if inst.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(inst.data_parallel_size)]
@@ -159,7 +155,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     model = topo.model_for(inst)
     node = topo.node(inst.node)
     argv = [python_for(topo, self_python), "-m", "pdctl.sim", "serve", model.id, "--role", role]
-    argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, role, inst)]
+    argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
     argv += ["--block-size", str(model.block_size or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(role, inst):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
-from pdctl.topology import Topology
+from pdctl.topology import Instance, Role, Topology
 
 Finding = tuple[tuple[str | int, ...], str, str]
 
@@ -21,6 +21,13 @@ def check(topo: Topology) -> list[Finding]:
         *_role_agreement(topo),
         *_router_ttl(topo),
         *_python(topo),
+    ]
+
+
+def _file_order(topo: Topology) -> list[tuple[Role, int, Instance]]:
+    """Instances as a reader meets them (prefill, then decode), so the later duplicate is the one flagged."""
+    return [("prefill", i, p) for i, p in enumerate(topo.prefill)] + [
+        ("decode", i, d) for i, d in enumerate(topo.decode)
     ]
 
 
@@ -51,10 +58,11 @@ def _ports(topo: Topology) -> Iterator[Finding]:
         else:
             taken[(node, port)] = owner
 
-    yield from claim(topo.router.node, topo.router.port, "router.port", ("router", "port"))
-    for role, i, inst in topo.instances():
+    in_file_order = _file_order(topo)
+    for role, i, inst in in_file_order:
         yield from claim(inst.node, inst.port, f"{role}[{i}].port", (role, i, "port"))
-    for role, i, inst in topo.instances():
+    yield from claim(topo.router.node, topo.router.port, "router.port", ("router", "port"))
+    for role, i, inst in in_file_order:
         base = inst.side_channel_port
         for rank in range(inst.data_parallel_size):
             owner = f"{role}[{i}].side_channel_port (base {base} + rank {rank})"
@@ -69,7 +77,7 @@ def _ports(topo: Topology) -> Iterator[Finding]:
 
 def _gpus(topo: Topology) -> Iterator[Finding]:
     owners: dict[tuple[str, int], str] = {}
-    for role, i, inst in topo.instances():
+    for role, i, inst in _file_order(topo):
         node = topo.node(inst.node) if inst.node in {n.name for n in topo.nodes} else None
         for gpu in inst.gpus:
             other = owners.get((inst.node, gpu))
@@ -90,22 +98,38 @@ def _gpus(topo: Topology) -> Iterator[Finding]:
 
 def _role_agreement(topo: Topology) -> Iterator[Finding]:
     """Prefill and decode must agree on everything the KV handshake compares."""
-    first_role, first_i, first = topo.instances()[0]
-    base_model = topo.model_for(first)
-    base_conn = topo.connector_for(first)
-    for role, i, inst in topo.instances()[1:]:
-        model, conn = topo.model_for(inst), topo.connector_for(inst)
-        ref = f"{first_role}[{first_i}]"
-        for key in ("id", "dtype", "block_size"):
-            if getattr(model, key) != getattr(base_model, key):
-                yield (role, i, "model", key), (
-                    f"model {key} {getattr(model, key)!r} differs from {ref}'s {getattr(base_model, key)!r}"
-                ), "prefill and decode must serve the same model, dtype and block size"
-        if conn.bidirectional_kv_xfer != base_conn.bidirectional_kv_xfer:
-            yield (role, i, "connector", "bidirectional_kv_xfer"), (
-                f"bidirectional_kv_xfer is {conn.bidirectional_kv_xfer} here but "
-                f"{base_conn.bidirectional_kv_xfer} on {ref}"
-            ), "set it the same on prefill and decode (connector.bidirectional_kv_xfer)"
+    everyone = _file_order(topo)
+    first_role, first_i, first = everyone[0]
+    for role, i, inst in everyone[1:]:
+        pairs = [
+            ("model", key, getattr(topo.model_for(inst), key), getattr(topo.model_for(first), key))
+            for key in ("id", "dtype", "block_size")
+        ]
+        pairs.append((
+            "connector", "bidirectional_kv_xfer",
+            topo.connector_for(inst).bidirectional_kv_xfer, topo.connector_for(first).bidirectional_kv_xfer,
+        ))
+        for section, key, mine, theirs in pairs:
+            if mine == theirs:
+                continue
+            # point at the instance whose own override makes the difference
+            here, there = (role, i, inst), (first_role, first_i, first)
+            if _overrides(first, section, key) and not _overrides(inst, section, key):
+                here, there = there, here
+                mine, theirs = theirs, mine
+            what = "bidirectional_kv_xfer is" if key == "bidirectional_kv_xfer" else f"model {key}"
+            yield (here[0], here[1], section, key), (
+                f"{what} {mine!r} here but {theirs!r} on {there[0]}[{there[1]}]"
+            ), (
+                "set bidirectional_kv_xfer the same on prefill and decode"
+                if key == "bidirectional_kv_xfer"
+                else "prefill and decode must serve the same model, dtype and block size"
+            )
+
+
+def _overrides(inst: Instance, section: str, key: str) -> bool:
+    part = getattr(inst, section)
+    return part is not None and getattr(part, key) is not None
 
 
 def _router_ttl(topo: Topology) -> Iterator[Finding]:

@@ -1,0 +1,101 @@
+"""The plan is pure and pinned: the seed deployment's commands, and a golden file per shipped config."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdctl.cli import app
+from pdctl.plan import plan
+from pdctl.topology import load
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+SELF_PYTHON = "/usr/bin/python3"
+
+SEED_KV = (
+    '{"kv_connector":"NixlConnector","kv_role":"%s","kv_buffer_device":"cuda","kv_load_failure_policy":"fail",'
+    '"kv_connector_extra_config":{"backends":["LIBFABRIC"],"kv_recompute_threshold":64,'
+    '"decoder_kv_blocks_ttl":480,"bidirectional_kv_xfer":true}}'
+)
+SEED_MODEL = [
+    "serve", "Qwen/Qwen3-32B", "--served-model-name", "Qwen", "--dtype", "bfloat16",
+    "--tensor-parallel-size", "8", "--max-model-len", "32768", "--max-num-seqs", "8",
+]
+
+
+def test_seed_deployment_is_reproduced_exactly() -> None:
+    decode, prefill, router = plan(load(ROOT / "configs/p5en-1p1d.yaml"), SELF_PYTHON)
+
+    assert prefill.name == "prefill-0" and prefill.host == "10.0.1.10"
+    assert list(prefill.argv) == [
+        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--no-enable-prefix-caching", "--port", "8100",
+        "--kv-transfer-config", SEED_KV % "kv_producer",
+    ]
+    assert prefill.env["FI_PROVIDER"] == "efa"
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.10"
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert prefill.env["PDCTL_DEPLOYMENT"] == "p5en-1p1d"
+
+    assert decode.name == "decode-0" and decode.host == "10.0.1.11"
+    assert list(decode.argv) == [
+        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--port", "8200",
+        "--kv-transfer-config", SEED_KV % "kv_consumer",
+    ]
+    assert decode.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.11"
+
+    assert router.node == "router-node" and router.ports == (8000,)
+    assert router.argv[:5] == ("~/.pdctl/venv/bin/python", "-m", "pdctl", "router", "serve")
+    assert "--prefill" in router.argv and "http://10.0.1.10:8100" in router.argv
+    assert "http://10.0.1.11:8200" in router.argv
+    assert [p.name for p in (decode, prefill, router)] == ["decode-0", "prefill-0", "router"]
+
+
+def test_kv_transfer_config_is_valid_json_with_roles() -> None:
+    specs = plan(load(ROOT / "configs/p5en-2p2d.yaml"), SELF_PYTHON)
+    roles = {s.name: json.loads(s.argv[s.argv.index("--kv-transfer-config") + 1])["kv_role"]
+             for s in specs if s.role != "router"}
+    assert roles == {"decode-0": "kv_consumer", "decode-1": "kv_consumer",
+                     "prefill-0": "kv_producer", "prefill-1": "kv_producer"}
+
+
+def test_sim_engine_differs_only_in_argv() -> None:
+    topo = load(ROOT / "configs/local-sim.yaml")
+    _, prefill, router = plan(topo, SELF_PYTHON)
+    assert prefill.argv[:4] == (SELF_PYTHON, "-m", "pdctl.sim", "serve")
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15600"
+    assert json.loads(prefill.argv[prefill.argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_producer"
+    assert prefill.health_url == "http://127.0.0.1:18100/health"
+    assert router.argv[:3] == (SELF_PYTHON, "-m", "pdctl")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_golden_plan(config: Path) -> None:
+    """`PDCTL_UPDATE_GOLDEN=1 pytest tests/plan` rewrites the files; review the diff before committing."""
+    got = [s.to_json() for s in plan(load(config), SELF_PYTHON)]
+    golden = GOLDEN / f"{config.stem}.json"
+    if os.environ.get("PDCTL_UPDATE_GOLDEN"):
+        golden.write_text(json.dumps(got, indent=2) + "\n")
+    assert got == json.loads(golden.read_text())
+
+
+def test_plan_command_json_is_the_same_plan() -> None:
+    result = CliRunner().invoke(app, ["plan", "--json", "-t", str(ROOT / "configs/p5en-1p1d.yaml")])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert [p["name"] for p in printed] == ["decode-0", "prefill-0", "router"]
+    assert printed[1]["argv"][-1] == SEED_KV % "kv_producer"
+
+
+def test_plan_command_prints_the_commands() -> None:
+    result = CliRunner().invoke(app, ["plan", "-t", str(ROOT / "configs/p5en-1p1d.yaml")], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "FI_PROVIDER=efa" in result.output
+    assert ("~/.pdctl/venv/bin/vllm' serve Qwen/Qwen3-32B --served-model-name Qwen --dtype bfloat16 "
+            "--tensor-parallel-size 8 --max-model-len 32768 --max-num-seqs 8 --no-enable-prefix-caching "
+            "--port 8100 --kv-transfer-config") in result.output
