@@ -1,0 +1,54 @@
+"""Facts about the NVIDIA GPUs and driver, read with `nvidia-smi --query-gpu`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdctl.facts.base import Fact, HostLayout
+
+QUERY = "index,name,pci.bus_id,memory.total,driver_version"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    bus_id: str
+    memory_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class Gpus:
+    gpus: list[Gpu]
+    error: str | None = None
+
+    @property
+    def driver(self) -> str | None:
+        return self.gpus[0].driver if self.gpus else None
+
+
+class NvidiaSmi(Fact[Gpus]):
+    """Every GPU with its name, PCI bus id, memory and driver version; `error` carries nvidia-smi's complaint."""
+
+    name = "gpu.NvidiaSmi"
+    result = Gpus
+    requires_command = "nvidia-smi"
+
+    def command(self, layout: HostLayout) -> str:
+        return f"nvidia-smi --query-gpu={QUERY} --format=csv,noheader"
+
+    def process(self, lines: list[str]) -> Gpus:
+        gpus: list[Gpu] = []
+        other: list[str] = []
+        for line in lines:
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) == 5 and cols[0].isdigit():
+                memory = cols[3].removesuffix("MiB").strip()
+                gpus.append(Gpu(int(cols[0]), cols[1], cols[2], int(memory) if memory.isdigit() else 0, cols[4]))
+            elif line.strip():
+                other.append(line.strip())
+        return Gpus(gpus, " ".join(other) or None if not gpus else None)
+
+    def default(self) -> Gpus:
+        return Gpus([], "nvidia-smi not found (no NVIDIA driver installed)")

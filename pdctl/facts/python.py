@@ -1,0 +1,119 @@
+"""Facts about the node's Python environment: the venv, the versions inside it, NIXL's plugins, the vLLM patch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pdctl.facts.base import Fact, HostLayout, path
+
+SHIPPED_SHA = ".pdctl-wheel.sha256"
+NO_VENV = "@@pdctl-no-venv"
+
+# Runs inside the venv's interpreter; reads metadata only, so it is quick even where vLLM takes 20 s to import.
+_PROBE = """
+import glob, json, os, sys
+from importlib import metadata, util
+names = sys.argv[1:]
+versions = {}
+for n in names:
+    try:
+        versions[n] = metadata.version(n)
+    except metadata.PackageNotFoundError:
+        versions[n] = None
+plugins = set()
+for m in ("nixl_cu12", "nixl_cu13", "nixl"):
+    try:
+        spec = util.find_spec(m)
+    except (ImportError, ValueError):
+        spec = None
+    if spec and spec.origin:
+        d = os.path.dirname(spec.origin)
+        for p in glob.glob(os.path.join(d, "..", "." + m + ".mesonpy.libs", "plugins", "libplugin_*.so")):
+            plugins.add(os.path.basename(p)[len("libplugin_"):-len(".so")])
+print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "packages": versions,
+                  "nixl_plugins": sorted(plugins)}))
+"""
+
+
+@dataclass(frozen=True)
+class Venv:
+    exists: bool
+    python: str | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    nixl_plugins: list[str] = field(default_factory=list)
+    shipped_sha256: str | None = None
+
+    def version(self, name: str) -> str | None:
+        return self.packages.get(_norm(name))
+
+
+@dataclass(frozen=True)
+class VenvState(Fact[Venv]):
+    """Whether the venv exists, the versions of `names` inside it, NIXL plugins, and the shipped pdctl wheel."""
+
+    venv: str
+    names: tuple[str, ...] = ("vllm", "nixl", "torch", "pdctl")
+    name: ClassVar[str] = "python.VenvState"
+    result: ClassVar[object] = Venv
+
+    def command(self, layout: HostLayout) -> str:
+        venv = path(self.venv.rstrip("/"))
+        names = " ".join(shlex.quote(_norm(n)) for n in self.names)
+        return (
+            f"if [ -x {venv}/bin/python ]; then "
+            f"{venv}/bin/python -c {shlex.quote(_PROBE)} {names}; "
+            f'echo "shipped: $(cat {venv}/{SHIPPED_SHA} 2>/dev/null)"; '
+            f"else echo {NO_VENV}; fi"
+        )
+
+    def process(self, lines: list[str]) -> Venv:
+        if NO_VENV in lines:
+            return Venv(exists=False)
+        probe = next((line for line in lines if line.startswith("{")), None)
+        shipped = next((line[len("shipped:") :].strip() for line in lines if line.startswith("shipped:")), "")
+        if probe is None:
+            return Venv(exists=True, shipped_sha256=shipped or None)
+        data = json.loads(probe)
+        return Venv(
+            exists=True,
+            python=data["python"],
+            packages={_norm(k): v for k, v in data["packages"].items()},
+            nixl_plugins=list(data["nixl_plugins"]),
+            shipped_sha256=shipped or None,
+        )
+
+    def default(self) -> Venv:
+        return Venv(exists=False)
+
+
+@dataclass(frozen=True)
+class VllmCompat(Fact[str | None]):
+    """`python -m pdctl.nodes.vllm_compat status` in the venv: native, patched, needs-patch or unknown-layout.
+
+    None when it cannot say (pdctl or vLLM not installed there yet).
+    """
+
+    venv: str
+    name: ClassVar[str] = "python.VllmCompat"
+    result: ClassVar[object] = str | None
+
+    def command(self, layout: HostLayout) -> str:
+        venv = path(self.venv.rstrip("/"))
+        return f"{venv}/bin/python -m pdctl.nodes.vllm_compat status"
+
+    def process(self, lines: list[str]) -> str | None:
+        for line in lines:
+            word = line.split(" ", 1)[0]
+            if word in ("native", "patched", "needs-patch", "unknown-layout"):
+                return word
+        return None
+
+    def default(self) -> str | None:
+        return None
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
