@@ -12,8 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pdctl.errors import RemoteCommandError
+
+if TYPE_CHECKING:
+    from pdctl.remote.procs import DetachedJob, HostProcess, Started
 
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while a file moves."""
@@ -96,6 +100,26 @@ class Transport(ABC):
     def tail(self, path: str, lines: int = 20) -> str:
         res = self.run(f"tail -n {lines} {expand_home(path)} 2>/dev/null")
         return res.stdout
+
+    def start_detached(self, job: DetachedJob) -> Started:
+        """Start a long-running process that outlives this connection (systemd unit, else setsid)."""
+        from pdctl.remote.procs import parse_started, start_script
+
+        res = self.check(start_script(job), timeout=60.0)
+        return parse_started(res.stdout)
+
+    def find_by_marker(self, deployment: str, node: str | None = None) -> list[HostProcess]:
+        """Live processes whose environment says `PDCTL_DEPLOYMENT=<deployment>` (and `PDCTL_NODE=<node>`)."""
+        from pdctl.remote.procs import marker_script, parse_ps
+
+        procs = parse_ps(self.check(marker_script(deployment), timeout=60.0).stdout)
+        return [p for p in procs if node is None or p.node == node]
+
+    def signal(self, pids: Sequence[int], pgids: Sequence[int], signal: str = "TERM") -> None:
+        """Send `signal` to processes and whole process groups; gone ones are ignored."""
+        from pdctl.remote.procs import kill_script
+
+        self.run(kill_script(list(pids), list(pgids), signal), timeout=30.0)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection."""

@@ -1,0 +1,195 @@
+"""Opening an SSH connection the way `ssh` would: ~/.ssh/config, agent, known_hosts, ProxyJump.
+
+Unknown host keys are refused unless the caller opts in (then recorded); a changed key is always a hard error.
+paramiko and socket errors become `ConnectError`s in one place, `mapped_errors`, naming the host and what failed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from pdctl.errors import ConnectError
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach SSH hosts; every path injectable so tests use temporary files."""
+
+    ssh_config: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    keepalive_s: int = 15
+    identity_files: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> SshOptions:
+        """Defaults from `PDCTL_SSH_CONFIG` / `PDCTL_KNOWN_HOSTS`, then ~/.ssh; `overrides` win where not None."""
+        env_cfg = os.environ.get("PDCTL_SSH_CONFIG")
+        env_kh = os.environ.get("PDCTL_KNOWN_HOSTS")
+        values: dict[str, object] = {
+            "ssh_config": Path(env_cfg) if env_cfg else Path("~/.ssh/config").expanduser(),
+            "known_hosts": Path(env_kh) if env_kh else Path("~/.ssh/known_hosts").expanduser(),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One resolved hop: where to connect and as whom."""
+
+    label: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    proxy_jump: str | None
+
+
+def load_config(options: SshOptions) -> paramiko.SSHConfig:
+    path = options.ssh_config
+    if path is None or not path.exists():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.SSHException) as exc:
+        raise ConnectError(
+            str(path), f"cannot read SSH config: {exc}", hint="fix the file or pass --ssh-config"
+        ) from None
+
+
+def resolve(
+    spec: str, config: paramiko.SSHConfig, options: SshOptions, *, user: str | None = None, port: int | None = None
+) -> Target:
+    """`spec` is `[user@]host[:port]` or a config alias; explicit user/port win over the config file."""
+    spec_user, _, hostport = spec.rpartition("@")
+    host, _, spec_port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
+    entry = config.lookup(host)
+    jump = entry.get("proxyjump")
+    return Target(
+        label=host,
+        hostname=entry.get("hostname", host),
+        port=port or int(spec_port or entry.get("port", 22)),
+        user=user or spec_user or entry.get("user") or getpass.getuser(),
+        identity_files=tuple(options.identity_files) + tuple(entry.get("identityfile", [])),
+        proxy_jump=None if jump in (None, "none") else jump,
+    )
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys, or accept and append them to known_hosts when the user said so."""
+
+    def __init__(self, options: SshOptions) -> None:
+        self.options = options
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.options.accept_new_host_keys:
+            raise _UnknownHostKey(hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = self.options.known_hosts
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with path.open("a") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.fingerprint = key.fingerprint
+
+
+@contextmanager
+def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
+    """The one place where paramiko/socket errors become ConnectError messages."""
+    where = f"{target.user}@{target.hostname}:{target.port}"
+    kh = options.known_hosts or Path("~/.ssh/known_hosts")
+    try:
+        yield
+    except _UnknownHostKey as exc:
+        raise ConnectError(
+            target.label,
+            f"host key of {exc.hostname} is not in {kh} ({exc.fingerprint})",
+            hint="check the fingerprint, then rerun with --accept-new-host-keys to record it",
+        ) from None
+    except paramiko.BadHostKeyException as exc:
+        raise ConnectError(
+            target.label,
+            f"HOST KEY CHANGED for {exc.hostname}: it does not match {kh} (someone may be intercepting, "
+            "or the host was rebuilt)",
+            hint=f"if the change is expected: ssh-keygen -R {exc.hostname} -f {kh}",
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        keys = ", ".join(target.identity_files) or "agent and default keys"
+        raise ConnectError(
+            target.label,
+            f"authentication failed for {where} (keys tried: {keys}): {exc}",
+            hint="check the user and IdentityFile in your SSH config, or `ssh-add` the key",
+        ) from None
+    except socket.gaierror:
+        raise ConnectError(
+            target.label, f"could not resolve hostname {target.hostname}", hint="check the node address"
+        ) from None
+    except TimeoutError:
+        raise ConnectError(
+            target.label,
+            f"timed out connecting to {where} after {options.connect_timeout:g}s",
+            hint="is the host up and port open? (security group, bastion/ProxyJump)",
+        ) from None
+    except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        raise ConnectError(
+            target.label, f"unreachable: {where}: {exc}", hint="is sshd running and the port open?"
+        ) from None
+    except (paramiko.ssh_exception.ChannelException, paramiko.SSHException) as exc:
+        raise ConnectError(target.label, f"SSH error with {where}: {exc}") from None
+    except OSError as exc:
+        raise ConnectError(
+            target.label, f"unreachable: {where}: {exc.strerror or exc}", hint="is the host up and routable?"
+        ) from None
+
+
+def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig) -> list[paramiko.SSHClient]:
+    """Connect to `target`, through its ProxyJump chain; returns the clients, the target's last."""
+    chain: list[paramiko.SSHClient] = []
+    sock = None
+    if target.proxy_jump:
+        hops = target.proxy_jump.split(",")
+        jump = resolve(hops[-1], config, options)
+        if len(hops) > 1:
+            jump = Target(**{**jump.__dict__, "proxy_jump": ",".join(hops[:-1])})
+        chain = open_client(jump, options, config)
+        with mapped_errors(target, options):
+            transport = chain[-1].get_transport()
+            assert transport is not None
+            sock = transport.open_channel(
+                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=options.connect_timeout
+            )
+    client = paramiko.SSHClient()
+    if options.known_hosts is not None and options.known_hosts.exists():
+        client.get_host_keys().load(str(options.known_hosts))
+    client.set_missing_host_key_policy(_HostKeyPolicy(options))
+    with mapped_errors(target, options):
+        client.connect(
+            target.hostname,
+            port=target.port,
+            username=target.user,
+            key_filename=list(target.identity_files) or None,
+            timeout=options.connect_timeout,
+            banner_timeout=options.connect_timeout,
+            auth_timeout=options.connect_timeout,
+            sock=sock,
+        )
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(options.keepalive_s)
+    return [*chain, client]

@@ -1,0 +1,129 @@
+"""The deployment's state file on the CLI machine: `$PDCTL_HOME/deployments/<name>.json`.
+
+Every started process is recorded the moment it starts (so an interrupted `up` can be taken down), and every
+write is atomic (tempfile + os.replace), so a crash never leaves half a file. Losing the file loses nothing
+essential: `down` also finds processes by their environment marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdctl.errors import StateError
+from pdctl.plan import ProcessSpec
+
+VERSION = 1
+
+
+def pdctl_home() -> Path:
+    return Path(os.environ.get("PDCTL_HOME") or Path.home() / ".pdctl")
+
+
+def state_path(name: str) -> Path:
+    return pdctl_home() / "deployments" / f"{name}.json"
+
+
+def argv_hash(spec: ProcessSpec) -> str:
+    """Identity of what a process runs: argv and environment; a change means it must be restarted."""
+    data = json.dumps([list(spec.argv), sorted(spec.env.items())], separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+@dataclass
+class ProcessRecord:
+    name: str
+    role: str
+    node: str
+    host: str
+    pid: int
+    unit: str | None
+    log_path: str
+    ports: list[int]
+    url: str
+    health_url: str
+    started_at: float
+    argv_hash: str
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass
+class DeploymentState:
+    name: str
+    topology: str = ""
+    created_at: float = field(default_factory=time.time)
+    processes: dict[str, ProcessRecord] = field(default_factory=dict)
+    router_url: str | None = None
+    smoke: dict[str, Any] | None = None
+    version: int = VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["processes"] = {k: asdict(v) for k, v in self.processes.items()}
+        return data
+
+
+class StateStore:
+    """Reads and atomically rewrites one deployment's state; safe to record from several threads."""
+
+    def __init__(self, name: str, path: Path | None = None) -> None:
+        self.path = path or state_path(name)
+        self.name = name
+        self._lock = threading.Lock()
+
+    def load(self) -> DeploymentState | None:
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"cannot read {self.path}: {exc}") from None
+        try:
+            data = json.loads(raw)
+            procs = {k: ProcessRecord.from_json(v) for k, v in data.pop("processes", {}).items()}
+            return DeploymentState(**{**data, "processes": procs})
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StateError(
+                f"{self.path} is not a pdctl state file ({exc})",
+                hint=f"move it away; `pdctl down` still finds the processes of {self.name} by their marker",
+            ) from None
+
+    def save(self, state: DeploymentState) -> None:
+        with self._lock:
+            self._write(state)
+
+    def record(self, state: DeploymentState, record: ProcessRecord) -> None:
+        with self._lock:
+            state.processes[record.name] = record
+            self._write(state)
+
+    def forget(self, state: DeploymentState, name: str) -> None:
+        with self._lock:
+            state.processes.pop(name, None)
+            self._write(state)
+
+    def delete(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _write(self, state: DeploymentState) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(state.to_json(), fh, indent=2)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
