@@ -122,6 +122,8 @@ def connect_ssh(node: Node, options: SshOptions) -> SshTransport:
     """Open the one connection to `node` (alias from ~/.ssh/config or its address)."""
     config = load_config(options)
     port = node.port if node.port != 22 else None
-    target = resolve(node.ssh_alias or node.address, config, options, user=node.user, port=port)
+    target = resolve(
+        node.ssh_alias or node.address, config, options, user=node.user, port=port, label=node.name
+    )
     clients = open_client(target, options, config)
     return SshTransport(node.name, target, clients, options)

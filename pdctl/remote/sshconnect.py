@@ -68,15 +68,22 @@ def load_config(options: SshOptions) -> paramiko.SSHConfig:
 
 
 def resolve(
-    spec: str, config: paramiko.SSHConfig, options: SshOptions, *, user: str | None = None, port: int | None = None
+    spec: str,
+    config: paramiko.SSHConfig,
+    options: SshOptions,
+    *,
+    user: str | None = None,
+    port: int | None = None,
+    label: str | None = None,
 ) -> Target:
-    """`spec` is `[user@]host[:port]` or a config alias; explicit user/port win over the config file."""
+    """`spec` is `[user@]host[:port]` or a config alias; explicit user/port win over the config file.
+    `label` names the host in errors (the topology's node name)."""
     spec_user, _, hostport = spec.rpartition("@")
     host, _, spec_port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
     entry = config.lookup(host)
     jump = entry.get("proxyjump")
     return Target(
-        label=host,
+        label=label or host,
         hostname=entry.get("hostname", host),
         port=port or int(spec_port or entry.get("port", 22)),
         user=user or spec_user or entry.get("user") or getpass.getuser(),
@@ -147,8 +154,9 @@ def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
             hint="is the host up and port open? (security group, bastion/ProxyJump)",
         ) from None
     except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        del exc
         raise ConnectError(
-            target.label, f"unreachable: {where}: {exc}", hint="is sshd running and the port open?"
+            target.label, f"unreachable: {where}: connection refused", hint="is the host up and sshd running?"
         ) from None
     except (paramiko.ssh_exception.ChannelException, paramiko.SSHException) as exc:
         raise ConnectError(target.label, f"SSH error with {where}: {exc}") from None

@@ -1,0 +1,21 @@
+"""The SSH test hosts (network namespaces with real sshd), shared by this folder's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.netns import SshLab, unavailable
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"SSH test hosts: {reason}")
+    lab = SshLab.create(tmp_path_factory.mktemp("ssh-lab"), count=3)
+    try:
+        yield lab
+    finally:
+        lab.close()
