@@ -109,3 +109,23 @@ class LegResult:
             "router_stats": self.router_stats,
             "requests": len(self.records),
         }
+
+
+@dataclass
+class BenchResult:
+    """A whole bench: its legs in order (the first is the baseline of every ratio) and how it was run."""
+
+    topology: str
+    simulated: bool
+    workload: dict[str, Any]
+    legs: list[LegResult] = field(default_factory=list)
+    started_at: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(leg.passed for leg in self.legs)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return [r for leg in self.legs for r in leg.records]

@@ -1,0 +1,113 @@
+"""The two pictures of a bench: warm-turn TTFT against prompt length (one line per leg), and the prefill duration
+of each length as paired bars, legs with bidirectional transfer split into KV transfer and compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # after use("Agg"): the backend must be chosen first
+
+from pdctl.bench.records import BenchResult, LegResult
+from pdctl.bench.stats import SummaryRow, lengths_of, warm_mean
+
+TTFT_PNG = "ttft_vs_length.png"
+PREFILL_PNG = "prefill_split.png"
+
+
+def label(result: BenchResult) -> str:
+    return "simulated engines (pdctl.sim)" if result.simulated else "vLLM"
+
+
+@dataclass(frozen=True)
+class PrefillSplit:
+    """Mean prefill duration of the warm turns of one leg and length, and how much of it was KV transfer."""
+
+    leg: str
+    length: int
+    total_ms: float
+    kv_ms: float
+
+    @property
+    def compute_ms(self) -> float:
+        return max(0.0, self.total_ms - self.kv_ms)
+
+
+def prefill_splits(result: BenchResult, rows: list[SummaryRow]) -> list[PrefillSplit]:
+    out = []
+    for leg in result.legs:
+        for length in lengths_of(leg.records):
+            total = warm_mean(rows, leg.name, length, "prefill_ms")
+            kv = _kv_ms_per_request(leg, length) if leg.bidirectional else 0.0
+            out.append(PrefillSplit(leg.name, length, total, min(kv, total) if not math.isnan(total) else kv))
+    return out
+
+
+def _kv_ms_per_request(leg: LegResult, length: int) -> float:
+    """Prefill-side KV transfer time per reusing warm turn: the length's span delta over its reuse count."""
+    reused = [r for r in leg.records if r.length == length and r.turn >= 1 and r.reuse in ("hit", "partial")]
+    if not reused:
+        return 0.0
+    kv = leg.kv_by_length.get(length)
+    if kv is None:
+        all_reused = sum(1 for r in leg.records if r.turn >= 1 and r.reuse in ("hit", "partial"))
+        return leg.kv.xfer_ms / all_reused if all_reused else 0.0
+    return kv.xfer_ms / len(reused)
+
+
+def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for leg in result.legs:
+        lengths = lengths_of(leg.records)
+        ys = [warm_mean(rows, leg.name, n) for n in lengths]
+        ax.plot(lengths, ys, marker="o", label=_leg_label(leg))
+    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
+    ax.set_ylabel("mean TTFT of turns 2+ (ms)")
+    ax.set_title(f"Multi-turn TTFT vs prompt length — {label(result)}")
+    ax.grid(True, alpha=0.3)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) -> None:
+    legs = [leg.name for leg in result.legs]
+    lengths = sorted({s.length for s in splits})
+    width = 0.8 / max(1, len(legs))
+    fig, ax = plt.subplots(figsize=(9, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, leg in enumerate(result.legs):
+        by_len = {s.length: s for s in splits if s.leg == leg.name}
+        xs = [j + (i - (len(legs) - 1) / 2) * width for j in range(len(lengths))]
+        compute = [_nz(by_len[n].compute_ms) if n in by_len else 0.0 for n in lengths]
+        kv = [_nz(by_len[n].kv_ms) if n in by_len else 0.0 for n in lengths]
+        color = colors[i % len(colors)]
+        if leg.bidirectional:
+            ax.bar(xs, kv, width, color=color, alpha=0.45, hatch="//", label=f"{leg.name}: KV transfer (D→P)")
+            ax.bar(xs, compute, width, bottom=kv, color=color, label=f"{leg.name}: compute")
+        else:
+            ax.bar(xs, compute, width, color=color, label=f"{leg.name}: compute")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
+    ax.set_ylabel("mean prefill duration of turns 2+ (ms, X-PD-Prefill-Ms)")
+    ax.set_title(f"Prefill duration per length — {label(result)}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _leg_label(leg: LegResult) -> str:
+    return f"{leg.name} (bidirectional {'on' if leg.bidirectional else 'off'})"
+
+
+def _nz(x: float) -> float:
+    return 0.0 if math.isnan(x) else x

@@ -1,0 +1,184 @@
+"""A bench's output directory: per-request JSON, legs JSON, summary CSV, two PNG plots and report.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdctl.bench import plots
+from pdctl.bench.records import BenchResult, LegResult
+from pdctl.bench.stats import SummaryRow, ratios, reuse_counts, summarize
+
+REQUESTS_JSON = "requests.json"
+LEGS_JSON = "legs.json"
+SUMMARY_CSV = "summary.csv"
+REPORT_MD = "report.md"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    out: Path
+    requests: Path
+    legs: Path
+    summary: Path
+    ttft_png: Path
+    prefill_png: Path
+    report: Path
+
+
+def write(result: BenchResult, out: Path) -> ReportFiles:
+    out.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(
+        out,
+        out / REQUESTS_JSON,
+        out / LEGS_JSON,
+        out / SUMMARY_CSV,
+        out / plots.TTFT_PNG,
+        out / plots.PREFILL_PNG,
+        out / REPORT_MD,
+    )
+    rows = summarize(result.legs)
+    files.requests.write_text(json.dumps([r.to_json() for r in result.records], indent=1) + "\n")
+    meta = {
+        "topology": result.topology,
+        "simulated": result.simulated,
+        "started_at": result.started_at,
+        "wall_s": round(result.wall_s, 2),
+        "passed": result.passed,
+        "workload": result.workload,
+        "legs": [leg.to_json() for leg in result.legs],
+    }
+    files.legs.write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    _write_csv(rows, files.summary)
+    splits = plots.prefill_splits(result, rows)
+    plots.plot_ttft(result, rows, files.ttft_png)
+    plots.plot_prefill(result, splits, files.prefill_png)
+    files.report.write_text(markdown(result, rows, splits))
+    return files
+
+
+def _write_csv(rows: list[SummaryRow], path: Path) -> None:
+    data = [r.csv_row() for r in rows]
+    with path.open("w", newline="") as f:
+        if not data:
+            f.write("leg,length,scope,requests\n")
+            return
+        writer = csv.DictWriter(f, fieldnames=list(data[0]))
+        writer.writeheader()
+        writer.writerows(data)
+
+
+def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.PrefillSplit]) -> str:
+    names = [leg.name for leg in result.legs]
+    lengths = sorted({r.length for r in rows})
+    ratio = ratios(rows, names)
+    verdict = "PASSED" if result.passed else "FAILED"
+    lines = [
+        f"# pdctl bench: {result.topology} — {plots.label(result)}",
+        "",
+        f"{verdict}. Started {result.started_at}, {result.wall_s:.0f} s. "
+        + ("**Simulated engines**: timings come from pdctl.sim, not from GPUs." if result.simulated else ""),
+        "",
+        "Workload: " + ", ".join(f"{k} {v}" for k, v in result.workload.items()),
+        "",
+        "## Legs",
+        "",
+        "| leg | overrides | bidirectional | requests | result |",
+        "|---|---|---|---|---|",
+    ]
+    for leg in result.legs:
+        state = "pass" if leg.passed else "**FAIL**: " + "; ".join(leg.failures)
+        lines.append(
+            f"| {leg.name} | {', '.join(leg.overrides) or '(as deployed)'} | {_onoff(leg)} | "
+            f"{len(leg.records)} | {state} |"
+        )
+    lines += ["", "## TTFT of turns 2+ (ms): mean / median / p90", ""]
+    head = "| length | " + " | ".join(names) + " | " + " | ".join(f"{names[0]}/{n}" for n in names[1:])
+    lines += [head.rstrip(" |") + " |", "|---" * (len(names) * 2) + "|"]
+    for n in lengths:
+        cells = [_triple(rows, leg, n, "ttft_ms") for leg in names]
+        cells += [_fmt(ratio[leg][n], 2) for leg in names[1:]]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += ["", "## TTFT of turn 1 (cold on every leg, ms): mean", ""]
+    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for n in lengths:
+        cells = [_fmt(_mean(rows, leg, n, "ttft_ms", "first")) for leg in names]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines += _reuse_section(result.legs)
+    lines += _prefill_section(splits, names, lengths, result.legs)
+    lines += [
+        "",
+        "## Plots",
+        "",
+        f"![TTFT vs prompt length]({plots.TTFT_PNG})",
+        "",
+        f"![Prefill duration per length]({plots.PREFILL_PNG})",
+        "",
+        f"Per-request records: `{REQUESTS_JSON}`; summary by leg, length and scope: `{SUMMARY_CSV}`; "
+        f"legs, KV transfer and router stats: `{LEGS_JSON}`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _reuse_section(legs: list[LegResult]) -> list[str]:
+    lines = ["", "## KV reuse (router `X-PD-KV-Reuse`, turns 2+) and prefill-side KV transfer", ""]
+    lines += ["| leg | warm turns | hit | partial | miss | hit rate | transfers | GiB | avg transfer ms | source |"]
+    lines += ["|---|---|---|---|---|---|---|---|---|---|"]
+    for leg in legs:
+        c = reuse_counts(leg.records)
+        kv = leg.kv
+        lines.append(
+            f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {kv.transfers} | "
+            f"{kv.bytes / 2**30:.2f} | {kv.avg_xfer_ms:.1f} | {kv.source} |"
+        )
+    return lines
+
+
+def _prefill_section(
+    splits: list[plots.PrefillSplit], names: list[str], lengths: list[int], legs: list[LegResult]
+) -> list[str]:
+    lines = ["", "## Prefill duration of turns 2+ (ms, router `X-PD-Prefill-Ms`): total (KV transfer + compute)", ""]
+    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    bidir = {leg.name: leg.bidirectional for leg in legs}
+    for n in lengths:
+        cells = []
+        for name in names:
+            s = next((x for x in splits if x.leg == name and x.length == n), None)
+            if s is None or math.isnan(s.total_ms):
+                cells.append("-")
+            elif bidir[name]:
+                cells.append(f"{s.total_ms:.1f} ({s.kv_ms:.1f} + {s.compute_ms:.1f})")
+            else:
+                cells.append(f"{s.total_ms:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _mean(rows: list[SummaryRow], leg: str, n: int, metric: str, scope: str) -> float:
+    for r in rows:
+        if r.leg == leg and r.length == n and r.scope == scope:
+            return r.mean(metric)
+    return math.nan
+
+
+def _triple(rows: list[SummaryRow], leg: str, n: int, metric: str) -> str:
+    for r in rows:
+        if r.leg == leg and r.length == n and r.scope == "warm":
+            return " / ".join(_fmt(v) for v in r.values[metric])
+    return "-"
+
+
+def _onoff(leg: LegResult) -> str:
+    return "on" if leg.bidirectional else "off"
+
+
+def _fmt(x: float, digits: int = 1) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.0%}"

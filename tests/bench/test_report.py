@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from pdctl.bench import report
+from pdctl.bench.stats import percentile, ratios, summarize
+from tests.bench.recorded import bench
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_files_from_the_real_h200_run(tmp_path: Path) -> None:
+    files = report.write(bench(), tmp_path / "out")
+    for path in (files.requests, files.legs, files.summary, files.ttft_png, files.prefill_png, files.report):
+        assert path.exists() and path.stat().st_size > 0, path
+    assert files.ttft_png.read_bytes()[:8] == PNG and files.prefill_png.read_bytes()[:8] == PNG
+    rows = list(csv.DictReader(files.summary.open()))
+    warm = {(r["leg"], int(r["length"])): r for r in rows if r["scope"] == "warm"}
+    assert set(warm) == {(leg, n) for leg in ("off", "on") for n in (2000, 8000, 16000, 24000)}
+    # The anchor: median TTFT of turns 2-3 at 24.6k tokens, OFF 3816 ms and ON 663 ms.
+    assert float(warm[("off", 24000)]["ttft_median_ms"]) == pytest.approx(3816, abs=1)
+    assert float(warm[("on", 24000)]["ttft_median_ms"]) == pytest.approx(663, abs=1)
+    assert float(warm[("on", 2000)]["hit_rate"]) == 1.0 and float(warm[("off", 2000)]["hit_rate"]) == 0.0
+    assert int(warm[("off", 8000)]["requests"]) == 4
+    md = files.report.read_text()
+    assert "simulated" not in md.lower()
+    assert "| on | 16 | 16 | 0 | 0 | 100% |" in md
+    assert "off/on" in md and "ttft_vs_length.png" in md and "prefill_split.png" in md
+
+
+def test_ratio_grows_with_length_on_the_real_run() -> None:
+    result = bench()
+    r = ratios(summarize(result.legs), ["off", "on"])["on"]
+    assert r[2000] < r[8000] < r[16000] < r[24000]
+    assert r[24000] > 4
+
+
+def test_simulated_runs_say_so_in_every_title(tmp_path: Path) -> None:
+    files = report.write(bench(simulated=True), tmp_path)
+    md = files.report.read_text()
+    assert md.splitlines()[0].endswith("simulated engines (pdctl.sim)")
+    assert "**Simulated engines**" in md
+    from pdctl.bench import plots
+
+    assert plots.label(bench(simulated=True)) == "simulated engines (pdctl.sim)"
+
+
+def test_prefill_split_uses_the_kv_transfer_per_reusing_turn() -> None:
+    from pdctl.bench import plots
+
+    result = bench()
+    splits = plots.prefill_splits(result, summarize(result.legs))
+    on = [s for s in splits if s.leg == "on"]
+    off = [s for s in splits if s.leg == "off"]
+    assert all(s.kv_ms == 0 for s in off)
+    assert all(s.kv_ms == pytest.approx(2400.0 / 16) for s in on)
+    assert all(s.compute_ms == pytest.approx(s.total_ms - s.kv_ms) for s in on)
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    assert percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
+    assert percentile([5], 90) == 5
