@@ -113,6 +113,11 @@ class Efa(Strict):
     installer_version: str | None = Field(None, description="aws-efa-installer version to install.")
     sha256: str | None = Field(None, description="sha256 of aws-efa-installer-<version>.tar.gz.")
     devices: int = Field(16, ge=1, description="EFA devices expected per node (16 on p5en.48xlarge).")
+    installer: str | None = Field(
+        None,
+        description="Installer tarball: a URL fetched on the node, or a file on the CLI's machine that is "
+        "uploaded; default: AWS's URL for installer_version.",
+    )
 
 
 class Python(Strict):
@@ -123,6 +128,9 @@ class Python(Strict):
     nixl_version: str = Field("1.5.1", description="NIXL version installed on the nodes.")
     packages: list[str] = Field(default_factory=list, description="More requirements to install on the nodes.")
     wheelhouse: str | None = Field(None, description="Local wheel directory: install offline from it.")
+    system_site_packages: bool = Field(
+        False, description="Create the venv with --system-site-packages (reuse the image's torch, say)."
+    )
 
 
 class Sim(Strict):
