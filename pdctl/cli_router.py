@@ -1,0 +1,60 @@
+"""`pdctl router ...`: the KV-cache-aware router's commands (the work lives in pdctl.router)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pdctl.cli_support import call
+
+router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)
+
+
+@router_app.command("serve")
+def serve(
+    prefill: Annotated[list[str], typer.Option("--prefill", help="Prefill instance URL (repeat for more).")],
+    decode: Annotated[list[str], typer.Option("--decode", help="Decode instance URL (repeat for more).")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model: Annotated[str, typer.Option(help="Served model name (used for /tokenize).")] = "default",
+    block_size: Annotated[int, typer.Option(help="KV block size in tokens (partial reuse is whole blocks).")] = 16,
+    handle_ttl: Annotated[float, typer.Option(help="Seconds the router trusts a decode handle.")] = 450.0,
+    decoder_kv_blocks_ttl: Annotated[
+        float, typer.Option(help="The decodes' decoder_kv_blocks_ttl: how long they keep a finished turn's blocks.")
+    ] = 480.0,
+    expiry_margin: Annotated[
+        float, typer.Option(help="Seconds before decoder_kv_blocks_ttl that a handle stops being used.")
+    ] = 10.0,
+    verify_prefix: Annotated[
+        bool, typer.Option("--verify-prefix/--no-verify-prefix", help="Reuse only KV whose token ids match.")
+    ] = True,
+    partial_reuse: Annotated[
+        bool, typer.Option("--partial-reuse/--no-partial-reuse", help="On divergence reuse the verified blocks.")
+    ] = True,
+    api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key clients must send.")] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 32 * 1024 * 1024,
+    max_handles: Annotated[int, typer.Option(help="Most decode handles kept (least recently used go).")] = 4096,
+    health_interval: Annotated[float, typer.Option(help="Seconds between upstream health checks.")] = 2.0,
+    eject_after: Annotated[int, typer.Option(help="Consecutive failures that eject an upstream.")] = 3,
+    load_factor: Annotated[float, typer.Option(help="Bounded-load cap, x the mean outstanding requests.")] = 1.25,
+    request_timeout: Annotated[float, typer.Option(help="Seconds an upstream may take to answer.")] = 600.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the router: OpenAI-compatible /v1/chat/completions and /v1/completions over P/D instances."""
+    from pdctl.router.config import RouterConfig
+    from pdctl.router.serve import api_key_from_env
+    from pdctl.router.serve import serve as run
+
+    config = call(lambda: RouterConfig(
+        prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
+        decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
+        partial_reuse=partial_reuse, api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
+        max_handles=max_handles, health_interval=health_interval, eject_after=eject_after,
+        load_factor=load_factor, request_timeout=request_timeout,
+    ))
+    run(config, host, port, log_level.lower())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(router_app, name="router")

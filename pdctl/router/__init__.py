@@ -1,0 +1,21 @@
+"""pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances.
+
+Modules, one concept each:
+    config        RouterConfig: every knob, with defaults
+    jsonx         fast JSON (orjson when installed)
+    conversation  which conversation a request belongs to (explicit id or derived from the history)
+    handles       the table of decode handles: TTL by the router's clock, LRU bound, single use
+    verify        prefix verification: does the decode's KV really prefix the new prompt?
+    upstreams     health-checked P and D pools and the selection policies
+    metrics       Prometheus metrics and the /stats counters
+    middleware    request id, auth, body limit + JSON + sanitising
+    prefill       the prefill hop (with its retry as a miss)
+    decode        the decode hop: stream through, capture the new handle, strip internals
+    proxy         one completion request, start to end
+    app           the ASGI stack and its lifespan
+    serve         `pdctl router serve`: config -> uvicorn
+"""
+
+from pdctl.router.config import RouterConfig
+
+__all__ = ["RouterConfig"]

@@ -1,0 +1,58 @@
+"""Every router knob in one frozen dataclass, with the defaults `pdctl router serve` uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdctl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    model: str = "default"
+    block_size: int = 16
+    handle_ttl: float = 450.0
+    decoder_kv_blocks_ttl: float = 480.0
+    expiry_margin: float = 10.0
+    verify_prefix: bool = True
+    partial_reuse: bool = True
+    api_key: str | None = field(default=None, repr=False)
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_handles: int = 4096
+    sweep_interval: float = 5.0
+    health_interval: float = 2.0
+    eject_after: int = 3
+    load_factor: float = 1.25
+    connect_timeout: float = 5.0
+    request_timeout: float = 600.0
+    max_connections: int = 2048
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.prefill:
+            problems.append("at least one --prefill URL is needed")
+        if not self.decode:
+            problems.append("at least one --decode URL is needed")
+        if self.block_size < 1:
+            problems.append(f"--block-size must be >= 1, got {self.block_size}")
+        if self.handle_ttl <= 0:
+            problems.append(f"--handle-ttl must be > 0, got {self.handle_ttl:g}")
+        if self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
+            problems.append(
+                f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
+                f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"
+            )
+        if self.load_factor < 1:
+            problems.append(f"--load-factor must be >= 1, got {self.load_factor:g}")
+        for url in (*self.prefill, *self.decode):
+            if not url.startswith(("http://", "https://")):
+                problems.append(f"upstream URL {url!r} must start with http:// or https://")
+        if problems:
+            raise UsageError("invalid router options: " + "; ".join(problems), hint="see `pdctl router serve --help`")
+
+    @property
+    def handle_lifetime(self) -> float:
+        """Seconds a handle stays usable after the router received it, by the router's own clock."""
+        return min(self.handle_ttl, self.decoder_kv_blocks_ttl - self.expiry_margin)

@@ -1,0 +1,158 @@
+"""The decode hop: stream through as bytes arrive, capture the decode's new handle, never leak internals.
+
+The client's response starts only with the decode's first body bytes, so a decode that fails before then is
+retried on another healthy decode with the same prefill params. One that fails mid-stream ends the client's
+stream with an SSE error event and is ejected from its pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from starlette.types import Receive, Send
+
+from pdctl.router import jsonx
+from pdctl.router.capture import Capture, SseRewriter
+from pdctl.router.errors import error_body, send_bytes
+from pdctl.router.state import RouterState
+from pdctl.router.upstreams import Upstream
+
+log = logging.getLogger("pdctl.router")
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class DecodeResult:
+    capture: Capture | None
+    upstream: Upstream | None
+    sent: bool  # whether the client got a response (success or a relayed error)
+
+
+def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> bytes:
+    out = dict(body)
+    out["return_token_ids"] = True
+    if params is not None:
+        out["kv_transfer_params"] = params
+    return jsonx.dumps(out)
+
+
+async def run(
+    state: RouterState, receive: Receive, send: Send, path: str, rid: str, chat: bool, body: dict[str, Any],
+    params: dict[str, Any] | None, holder: str, headers: list[tuple[bytes, bytes]], started: float,
+) -> DecodeResult:
+    payload = decode_body(body, params)
+    stream = bool(body.get("stream"))
+    keep_ids = bool(body.get("return_token_ids"))
+    tried: list[Upstream] = []
+    for _ in range(MAX_ATTEMPTS):
+        d = state.decode_policy.pick(state.decode, holder, exclude=tried)
+        if d is None:
+            break
+        tried.append(d)
+        capture = Capture(chat, keep_ids)
+        d.outstanding += 1
+        try:
+            if stream:
+                sent = await _stream(state, d, receive, send, path, rid, payload, capture, headers, started)
+            else:
+                sent = await _whole(state, d, send, path, rid, payload, capture, headers)
+        finally:
+            d.outstanding -= 1
+        if sent:
+            return DecodeResult(capture, d, True)
+    return DecodeResult(None, None, False)
+
+
+def _fail(state: RouterState, d: Upstream, rid: str, kind: str) -> bool:
+    state.decode.failed(d)
+    state.metrics.error("decode", kind)
+    log.warning("[%s] decode failed before the first byte (%s); trying another decode", rid, kind)
+    return False
+
+
+async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: str, payload: bytes,
+                 capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    try:
+        resp = await state.http.post(f"{d.url}{path}", content=payload,
+                                     headers={"content-type": "application/json", "x-request-id": rid})
+    except httpx.HTTPError as exc:
+        return _fail(state, d, rid, "timeout" if isinstance(exc, httpx.TimeoutException) else "connect")
+    if resp.status_code >= 500:
+        return _fail(state, d, rid, f"http_{resp.status_code}")
+    state.decode.succeeded(d)
+    content = resp.content
+    if resp.status_code == 200:
+        try:
+            obj = jsonx.loads(content)
+        except jsonx.DecodeError:
+            return _fail(state, d, rid, "bad_json")
+        if isinstance(obj, dict):
+            capture.take(obj, whole=True)
+            content = jsonx.dumps(obj)
+    await send_bytes(send, resp.status_code, content, headers)
+    return True
+
+
+async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send, path: str, rid: str, payload: bytes,
+                  capture: Capture, headers: list[tuple[bytes, bytes]], started: float) -> bool:
+    req = state.http.build_request("POST", f"{d.url}{path}", content=payload,
+                                   headers={"content-type": "application/json", "x-request-id": rid})
+    try:
+        resp = await state.http.send(req, stream=True)
+    except httpx.HTTPError as exc:
+        return _fail(state, d, rid, "timeout" if isinstance(exc, httpx.TimeoutException) else "connect")
+    try:
+        if resp.status_code != 200:
+            content = await resp.aread()
+            if resp.status_code >= 500:
+                return _fail(state, d, rid, f"http_{resp.status_code}")
+            await send_bytes(send, resp.status_code, content, headers)
+            return True
+        chunks = resp.aiter_raw()
+        try:
+            first = await chunks.__anext__()
+        except (httpx.HTTPError, StopAsyncIteration) as exc:
+            return _fail(state, d, rid, "empty_stream" if isinstance(exc, StopAsyncIteration) else "read")
+        state.decode.succeeded(d)
+        sse = SseRewriter(capture)
+        await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
+        out = sse.feed(first)
+        state.metrics.ttft_seconds.observe(time.perf_counter() - started)
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            async for chunk in chunks:
+                if gone.done():  # the client left: closing the response makes the decode abort the request
+                    capture.params = None
+                    log.info("[%s] client disconnected; aborting the decode", rid)
+                    return True
+                out = sse.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            tail = sse.flush()
+        except httpx.HTTPError as exc:
+            state.decode.eject(d)
+            state.metrics.error("decode", "mid_stream")
+            log.error("[%s] decode failed mid-stream (%s); ejected it from the pool", rid, type(exc).__name__)
+            capture.params = None
+            tail = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
+        finally:
+            gone.cancel()
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        return True
+    finally:
+        await resp.aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

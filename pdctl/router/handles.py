@@ -1,0 +1,135 @@
+"""The table of decode handles: one per conversation, bounded (LRU), expiring by the router's clock, single use.
+
+A handle is a decode's `kv_transfer_params` from a conversation's previous turn plus what the router knows about
+it: which decode holds the blocks, which token ids they hold, and when it stops trusting it. The decode's own
+`remote_blocks_expiry_time` is in the decode's process clock; it is carried opaquely and never compared here.
+
+`take()` removes the handle so concurrent turns of one conversation never share it (a handle is single use:
+the decode frees its blocks after the first read). Conversations the table has seen but holds no handle for
+keep a bounded tombstone with the reason, so the next turn's miss says why (expired, evicted, ...).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+NEW_CONVERSATION = "new_conversation"
+NOT_ELIGIBLE = "not_eligible"
+IN_USE = "handle_in_use"
+
+
+@dataclass
+class Handle:
+    conversation: str
+    params: dict[str, Any]
+    decode_url: str
+    tokens: array[int] | None
+    received: float
+    deadline: float
+    derived_key: Hashable | None = field(default=None, compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        n = self.params.get("remote_num_tokens")
+        return n if isinstance(n, int) else 0
+
+
+@dataclass(frozen=True)
+class Taken:
+    handle: Handle | None
+    reason: str
+
+    @property
+    def eligible(self) -> bool:
+        """Whether this turn had a handle or should have had one (counts towards the hit rate)."""
+        return self.handle is not None or self.reason not in (NEW_CONVERSATION, NOT_ELIGIBLE)
+
+
+class KeyIndex(Protocol):
+    """Where derived conversation keys point (conversation.DerivedIndex); kept in step with the table."""
+
+    def add(self, key: Hashable, cid: str) -> None: ...
+
+    def discard(self, key: Hashable, cid: str) -> None: ...
+
+
+class HandleTable:
+    def __init__(
+        self, max_size: int, clock: Callable[[], float] = time.monotonic, index: KeyIndex | None = None
+    ) -> None:
+        self.max_size = max_size
+        self.clock = clock
+        self.index = index
+        self._live: OrderedDict[str, Handle] = OrderedDict()
+        self._tombs: OrderedDict[str, str] = OrderedDict()
+        self._leased: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def put(self, handle: Handle) -> None:
+        """Store a conversation's newest handle; an older one is replaced (its blocks expire on the decode)."""
+        cid = handle.conversation
+        old = self._live.pop(cid, None)
+        if old is not None:
+            self._dropped(old)
+        self._tombs.pop(cid, None)
+        self._live[cid] = handle
+        if self.index is not None and handle.derived_key is not None:
+            self.index.add(handle.derived_key, cid)
+        while len(self._live) > self.max_size:
+            _, evicted = self._live.popitem(last=False)
+            self._dropped(evicted)
+            self.mark(evicted.conversation, "evicted")
+
+    def take(self, cid: str) -> Taken:
+        """Remove and return the conversation's handle if it is still alive, else why there is none."""
+        handle = self._live.pop(cid, None)
+        if handle is not None:
+            self._dropped(handle)
+            if self.clock() >= handle.deadline:
+                self.mark(cid, "expired")
+                return Taken(None, "expired")
+            self._leased[cid] = self._leased.get(cid, 0) + 1
+            self.mark(cid, "previous_turn_failed")
+            return Taken(handle, "")
+        if cid in self._leased:
+            return Taken(None, IN_USE)
+        return Taken(None, self._tombs.get(cid, NEW_CONVERSATION))
+
+    def release(self, cid: str) -> None:
+        """The turn that took the handle is over (whatever happened to it)."""
+        n = self._leased.get(cid, 0) - 1
+        if n > 0:
+            self._leased[cid] = n
+        else:
+            self._leased.pop(cid, None)
+
+    def mark(self, cid: str, reason: str) -> None:
+        """Remember why a conversation has no handle, for its next turn's miss reason."""
+        self._tombs[cid] = reason
+        self._tombs.move_to_end(cid)
+        while len(self._tombs) > self.max_size:
+            self._tombs.popitem(last=False)
+
+    def sweep(self) -> int:
+        """Drop every expired handle; return how many."""
+        now = self.clock()
+        expired = [cid for cid, h in self._live.items() if now >= h.deadline]
+        for cid in expired:
+            self._dropped(self._live.pop(cid))
+            self.mark(cid, "expired")
+        return len(expired)
+
+    def get(self, cid: str) -> Handle | None:
+        """Peek without taking (selection uses it to find the decode that holds a conversation's blocks)."""
+        return self._live.get(cid)
+
+    def _dropped(self, handle: Handle) -> None:
+        if self.index is not None and handle.derived_key is not None:
+            self.index.discard(handle.derived_key, handle.conversation)

@@ -1,0 +1,79 @@
+"""What the router counts: Prometheus series for /metrics, plain numbers for /stats (`pdctl status`, `bench`)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pdctl import __version__
+from pdctl.router.upstreams import Pool
+
+_MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("pdctl_router_requests", "Requests by route and status.", ["route", "status"],
+                                registry=r)
+        self.reuse = Counter("pdctl_router_kv_reuse", "KV reuse outcomes by reason.", ["outcome", "reason"],
+                             registry=r)
+        self.reused_tokens = Counter("pdctl_router_reused_tokens", "Tokens the prefill read from a decode.",
+                                     registry=r)
+        self.prefill_seconds = Histogram("pdctl_router_prefill_duration_seconds", "Prefill hop wall time.",
+                                         buckets=_MS_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("pdctl_router_ttft_seconds", "Router-observed time to first streamed byte.",
+                                      buckets=_MS_BUCKETS, registry=r)
+        self.upstream_errors = Counter("pdctl_router_upstream_errors", "Failed upstream calls.", ["role", "kind"],
+                                       registry=r)
+        self.live_handles = Gauge("pdctl_router_live_handles", "Decode handles the router holds.", registry=r)
+        self.healthy = Gauge("pdctl_router_upstream_healthy", "1 if the upstream is in its pool.", ["role", "index"],
+                             registry=r)
+        self.started = time.monotonic()
+        self.requests_total = 0
+        self.outcomes: Tally[str] = Tally({"hit": 0, "partial": 0, "miss": 0})
+        self.reasons: Tally[str] = Tally()
+        self.reused_tokens_total = 0
+        self.eligible = 0
+
+    def request(self, route: str, status: int) -> None:
+        self.requests_total += 1
+        self.requests.labels(route, str(status)).inc()
+
+    def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool) -> None:
+        self.outcomes[outcome] += 1
+        self.reasons[reason] += 1
+        self.reused_tokens_total += tokens
+        self.eligible += eligible or outcome != "miss"
+        self.reuse.labels(outcome, reason).inc()
+        if tokens:
+            self.reused_tokens.inc(tokens)
+
+    def error(self, role: str, kind: str) -> None:
+        self.upstream_errors.labels(role, kind).inc()
+
+    def stats(self, live_handles: int, prefill: Pool, decode: Pool) -> dict[str, object]:
+        reused = self.outcomes["hit"] + self.outcomes["partial"]
+        return {
+            "requests_total": self.requests_total,
+            "reuse": dict(self.outcomes),
+            "reuse_reasons": dict(self.reasons),
+            "reused_tokens_total": self.reused_tokens_total,
+            "hit_rate": round(reused / self.eligible, 4) if self.eligible else 0.0,
+            "eligible_turns": self.eligible,
+            "live_handles": live_handles,
+            "prefill": prefill.snapshot(),
+            "decode": decode.snapshot(),
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "version": __version__,
+        }
+
+    def exposition(self, live_handles: int, prefill: Pool, decode: Pool) -> bytes:
+        self.live_handles.set(live_handles)
+        for pool in (prefill, decode):
+            for i, u in enumerate(pool.members):
+                self.healthy.labels(pool.role, str(i)).set(1 if u.healthy else 0)
+        return generate_latest(self.registry)

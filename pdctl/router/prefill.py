@@ -1,0 +1,128 @@
+"""The prefill hop: tokenize for verification, then the non-streaming `max_tokens=1` call, retried as a miss.
+
+A failed or expired KV read must never reach the client: a prefill that fails while holding a decode handle is
+retried once as a miss (on another healthy prefill when there is one). A miss that fails on a dead or 5xx
+prefill is retried once elsewhere too. Only a 4xx to a miss, i.e. the client's own request is bad, is relayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pdctl.router import jsonx
+from pdctl.router.state import RouterState
+from pdctl.router.upstreams import Upstream
+from pdctl.router.verify import Verdict, as_tokens, miss
+
+log = logging.getLogger("pdctl.router")
+
+# Fields the prefill must not get: its one token is thrown away, only its KV matters.
+_PREFILL_DROP = ("max_completion_tokens", "min_tokens", "stream_options", "n", "best_of", "logprobs",
+                 "top_logprobs", "prompt_logprobs", "return_token_ids", "echo")
+_TOKENIZE_CHAT = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+                  "continue_final_message", "add_special_tokens", "mm_processor_kwargs", "documents")
+
+
+@dataclass
+class PrefillResult:
+    verdict: Verdict
+    upstream: Upstream | None
+    params: dict[str, Any] | None
+    ms: float
+    status: int = 200
+    error: bytes = b""
+
+
+async def tokenize(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any]) -> array[int] | None:
+    """The new request's prompt token ids, as the chosen prefill computes them."""
+    req: dict[str, Any] = {"model": body.get("model", state.config.model)}
+    if chat:
+        req["messages"] = body.get("messages")
+        req.update((k, body[k]) for k in _TOKENIZE_CHAT if k in body)
+    else:
+        req["prompt"] = body.get("prompt")
+        if "add_special_tokens" in body:
+            req["add_special_tokens"] = body["add_special_tokens"]
+    try:
+        resp = await state.http.post(f"{p.url}/tokenize", content=jsonx.dumps(req),
+                                     headers={"content-type": "application/json"})
+        if resp.status_code != 200:
+            state.metrics.error("prefill", f"tokenize_{resp.status_code}")
+            return None
+        return as_tokens(jsonx.loads(resp.content).get("tokens"))
+    except (httpx.HTTPError, jsonx.DecodeError, AttributeError):
+        state.metrics.error("prefill", "tokenize")
+        return None
+
+
+def prefill_body(body: dict[str, Any], params: dict[str, Any]) -> bytes:
+    out = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
+    out["stream"] = False
+    out["max_tokens"] = 1
+    out["kv_transfer_params"] = params
+    return jsonx.dumps(out)
+
+
+async def _call(state: RouterState, p: Upstream, path: str, rid: str, payload: bytes) -> httpx.Response | str:
+    """The response, or a short reason when the prefill could not be reached or timed out."""
+    p.outstanding += 1
+    try:
+        return await state.http.post(f"{p.url}{path}", content=payload,
+                                     headers={"content-type": "application/json", "x-request-id": rid})
+    except httpx.TimeoutException:
+        return "timeout"
+    except httpx.HTTPError:
+        return "connect"
+    finally:
+        p.outstanding -= 1
+
+
+async def run(
+    state: RouterState, p: Upstream, path: str, rid: str, key: str, body: dict[str, Any], verdict: Verdict
+) -> PrefillResult:
+    started = time.perf_counter()
+    tried: list[Upstream] = []
+    for attempt in range(2):
+        resp = await _call(state, p, path, rid, prefill_body(body, verdict.params))
+        ok = not isinstance(resp, str) and resp.status_code == 200
+        with_handle = verdict.outcome != "miss"
+        if ok:
+            state.prefill.succeeded(p)
+            params = _params(resp.content)  # type: ignore[union-attr]
+            if params is None:
+                state.metrics.error("prefill", "no_kv_transfer_params")
+            return PrefillResult(verdict, p, params, (time.perf_counter() - started) * 1000)
+        kind = resp if isinstance(resp, str) else f"http_{resp.status_code}"
+        state.metrics.error("prefill", kind)
+        client_fault = not isinstance(resp, str) and resp.status_code < 500
+        if client_fault and not with_handle:
+            return PrefillResult(verdict, p, None, (time.perf_counter() - started) * 1000,
+                                 resp.status_code, resp.content)  # type: ignore[union-attr]
+        # An unreachable prefill is its own fault; an error answer to a KV read is the read's (expired, freed).
+        if isinstance(resp, str) or not with_handle:
+            state.prefill.failed(p)
+            tried.append(p)
+        log.warning("[%s] prefill failed (%s)%s%s", rid, kind, " reading a decode handle" if with_handle else "",
+                    "; retrying as a miss" if attempt == 0 else "")
+        if with_handle:
+            verdict = miss("prefill_failed")
+        nxt = state.prefill_policy.pick(state.prefill, key, exclude=tried) if attempt == 0 else None
+        if nxt is None:
+            break
+        p = nxt
+    return PrefillResult(verdict, None, None, (time.perf_counter() - started) * 1000, 502,
+                         b"no prefill instance could serve the request")
+
+
+def _params(content: bytes) -> dict[str, Any] | None:
+    try:
+        params = jsonx.loads(content).get("kv_transfer_params")
+    except (jsonx.DecodeError, AttributeError):
+        return None
+    return params if isinstance(params, dict) else None

@@ -1,0 +1,43 @@
+"""`pdctl router serve`: options -> RouterConfig -> uvicorn (uvloop and httptools when installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+from pdctl.errors import UsageError
+from pdctl.router.config import RouterConfig
+
+LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    if not var:
+        return None
+    key = os.environ.get(var)
+    if not key:
+        raise UsageError(f"--api-key-env {var}: the environment variable is not set or empty",
+                         hint=f"export {var}=<key> before starting the router, or drop --api-key-env")
+    return key
+
+
+def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -> None:
+    import uvicorn
+
+    from pdctl.router.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
+    fast = importlib.util.find_spec("uvloop") is not None and importlib.util.find_spec("httptools") is not None
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        loop="uvloop" if fast else "asyncio",
+        http="httptools" if fast else "h11",
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        backlog=4096,
+        timeout_keep_alive=30,
+    )

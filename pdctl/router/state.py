@@ -1,0 +1,51 @@
+"""Everything one router instance holds: config, the shared HTTP client, pools, policies, handles, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from pdctl.router.config import RouterConfig
+from pdctl.router.conversation import DerivedIndex
+from pdctl.router.handles import HandleTable
+from pdctl.router.metrics import RouterMetrics
+from pdctl.router.upstreams import AffinityRing, HolderFirst, Pool, Selector
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    prefill: Pool
+    decode: Pool
+    prefill_policy: Selector
+    decode_policy: Selector
+    index: DerivedIndex
+    handles: HandleTable
+    metrics: RouterMetrics
+    client: httpx.AsyncClient | None = field(default=None)
+
+    @classmethod
+    def create(cls, config: RouterConfig) -> RouterState:
+        prefill = Pool("prefill", config.prefill, config.eject_after)
+        decode = Pool("decode", config.decode, config.eject_after)
+        index = DerivedIndex()
+        return cls(
+            config=config,
+            prefill=prefill,
+            decode=decode,
+            prefill_policy=AffinityRing(prefill, config.load_factor),
+            decode_policy=HolderFirst(config.load_factor),
+            index=index,
+            handles=HandleTable(config.max_handles, index=index),
+            metrics=RouterMetrics(),
+        )
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            raise RuntimeError("the router's HTTP client is opened by the app's lifespan")
+        return self.client
+
+    def stats(self) -> dict[str, object]:
+        return self.metrics.stats(len(self.handles), self.prefill, self.decode)

@@ -1,0 +1,132 @@
+"""Prefill and decode pools: health, load, and the two selection policies.
+
+An upstream is ejected after `eject_after` consecutive failures (requests or health checks) or at once when it
+dies mid-stream, and re-admitted by the first health check that passes. Selection is bounded-load:
+    prefill  consistent hashing on the conversation (its prefix cache stays warm), skipping instances above
+             load_factor x the mean outstanding load (Mirrokni et al., "Consistent Hashing with Bounded Loads")
+    decode   the instance that holds the conversation's blocks (its prefix cache saves the P->D pull) while
+             under the same cap, else the least outstanding one
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(eq=False)
+class Upstream:
+    url: str
+    role: str
+    healthy: bool = True
+    outstanding: int = 0
+    failures: int = 0
+    errors_total: int = 0
+
+    def snapshot(self) -> dict[str, object]:
+        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "failures": self.failures}
+
+
+class Pool:
+    def __init__(self, role: str, urls: Sequence[str], eject_after: int = 3) -> None:
+        self.role = role
+        self.members = [Upstream(u.rstrip("/"), role) for u in urls]
+        self.eject_after = eject_after
+
+    def healthy(self) -> list[Upstream]:
+        return [u for u in self.members if u.healthy]
+
+    def by_url(self, url: str) -> Upstream | None:
+        return next((u for u in self.members if u.url == url), None)
+
+    def succeeded(self, u: Upstream) -> None:
+        u.failures = 0
+        u.healthy = True
+
+    def failed(self, u: Upstream) -> None:
+        u.failures += 1
+        u.errors_total += 1
+        if u.failures >= self.eject_after:
+            u.healthy = False
+
+    def eject(self, u: Upstream) -> None:
+        u.errors_total += 1
+        u.failures = max(u.failures + 1, self.eject_after)
+        u.healthy = False
+
+    def snapshot(self) -> list[dict[str, object]]:
+        return [u.snapshot() for u in self.members]
+
+
+def load_cap(candidates: Sequence[Upstream], factor: float) -> int:
+    """The most outstanding requests one instance may have before the next goes elsewhere."""
+    total = sum(u.outstanding for u in candidates) + 1
+    return max(1, math.ceil(factor * total / len(candidates)))
+
+
+def least_loaded(candidates: Sequence[Upstream], turn: int = 0) -> Upstream:
+    """The least outstanding instance; ties rotate with `turn` so idle instances share the work."""
+    n = len(candidates)
+    return min((candidates[(turn + i) % n] for i in range(n)), key=lambda u: u.outstanding)
+
+
+class Selector(Protocol):
+    def pick(self, pool: Pool, key: str, exclude: Collection[Upstream] = ()) -> Upstream | None: ...
+
+
+def _h(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class AffinityRing:
+    """Prefill policy: consistent hashing on the conversation id, bounded by load."""
+
+    def __init__(self, pool: Pool, factor: float = 1.25, replicas: int = 64) -> None:
+        self.factor = factor
+        points = sorted((_h(f"{u.url}#{i}"), n) for n, u in enumerate(pool.members) for i in range(replicas))
+        self._hashes = [p for p, _ in points]
+        self._owners = [n for _, n in points]
+
+    def pick(self, pool: Pool, key: str, exclude: Collection[Upstream] = ()) -> Upstream | None:
+        candidates = [u for u in pool.healthy() if u not in exclude]
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        cap = load_cap(candidates, self.factor)
+        start = bisect.bisect(self._hashes, _h(key))
+        seen: set[int] = set()
+        for i in range(len(self._owners)):
+            n = self._owners[(start + i) % len(self._owners)]
+            if n in seen:
+                continue
+            seen.add(n)
+            u = pool.members[n]
+            if u in candidates and u.outstanding < cap:
+                return u
+        return least_loaded(candidates)
+
+
+class HolderFirst:
+    """Decode policy: the instance holding the conversation's blocks if under the load cap, else least loaded.
+
+    Its `key` is the URL of the decode that holds the blocks ("" when none does).
+    """
+
+    def __init__(self, factor: float = 1.25) -> None:
+        self.factor = factor
+        self._turn = 0
+
+    def pick(self, pool: Pool, key: str, exclude: Collection[Upstream] = ()) -> Upstream | None:
+        candidates = [u for u in pool.healthy() if u not in exclude]
+        if not candidates:
+            return None
+        holder = next((u for u in candidates if u.url == key), None)
+        if holder is not None and holder.outstanding < load_cap(candidates, self.factor):
+            return holder
+        self._turn += 1
+        return least_loaded(candidates, self._turn)

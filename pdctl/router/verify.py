@@ -1,0 +1,110 @@
+"""Prefix verification: reuse a decode's KV only where its tokens are exactly the new prompt's prefix.
+
+vLLM checks nothing here (issue #43094): given a handle, the prefill reads `remote_num_tokens` tokens' worth of
+the decode's blocks whatever the new prompt is. The router keeps the token ids each handle holds and compares:
+    full match and a strictly longer prompt  -> hit, the handle as it is
+    divergence after >= 1 whole block         -> partial: block ids and remote_num_tokens truncated together
+    anything else                             -> miss (the prefill computes everything)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Outcome = Literal["hit", "partial", "miss"]
+
+MISS_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def miss_params() -> dict[str, Any]:
+    return dict(MISS_PARAMS)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    reason: str
+    tokens: int
+    params: dict[str, Any]
+
+    @property
+    def header(self) -> str:
+        return f"{self.outcome};tokens={self.tokens};reason={self.reason}"
+
+
+def miss(reason: str) -> Verdict:
+    return Verdict("miss", reason, 0, miss_params())
+
+
+def hit_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The decode's params as the prefill must get them; unknown keys pass through untouched."""
+    out = dict(params)
+    out["do_remote_decode"] = True
+    out["do_remote_prefill"] = False
+    return out
+
+
+def truncate(params: dict[str, Any], blocks: int, block_size: int) -> dict[str, Any]:
+    """Keep only the first `blocks` blocks of every KV-cache group, and say so in remote_num_tokens."""
+    out = hit_params(params)
+    ids = params.get("remote_block_ids")
+    if ids and isinstance(ids[0], list):
+        out["remote_block_ids"] = [list(group[:blocks]) for group in ids]
+    elif isinstance(ids, list):
+        out["remote_block_ids"] = list(ids[:blocks])
+    out["remote_num_tokens"] = blocks * block_size
+    return out
+
+
+def matching_blocks(held: Sequence[int], prompt: Sequence[int], block_size: int) -> int:
+    """How many whole leading blocks of `held` equal the same positions of `prompt`."""
+    limit = min(len(held), len(prompt)) // block_size
+    lo, hi = 0, limit
+    while lo < hi:  # the largest b with held[:b*bs] == prompt[:b*bs]; slices compare in C
+        mid = (lo + hi + 1) // 2
+        if held[: mid * block_size] == prompt[: mid * block_size]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def as_tokens(ids: Any) -> array[int] | None:
+    """Token ids as a compact array, or None when they are not a list of token ids."""
+    if not isinstance(ids, list):
+        return None
+    try:
+        return array("i", ids)
+    except (TypeError, OverflowError):
+        return None
+
+
+def verify(
+    params: dict[str, Any],
+    held: array[int] | None,
+    prompt: array[int],
+    block_size: int,
+    partial_ok: bool = True,
+) -> Verdict:
+    n = params.get("remote_num_tokens")
+    if not isinstance(n, int) or n <= 0 or held is None or len(held) < n:
+        return miss("tokens_unknown")
+    if len(prompt) <= n:
+        return miss("prompt_not_longer")
+    want = prompt[:n]
+    if held[:n] == want:
+        return Verdict("hit", "verified", n, hit_params(params))
+    blocks = matching_blocks(held[:n], want, block_size)
+    if blocks == 0 or not partial_ok:
+        return miss("prefix_diverged")
+    return Verdict("partial", "prefix_diverged", blocks * block_size, truncate(params, blocks, block_size))
