@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from array import array
+
+from pdctl.router.conversation import DerivedIndex
+from pdctl.router.handles import IN_USE, NEW_CONVERSATION, Handle, HandleTable
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def handle(cid: str, clock: Clock, life: float = 10.0, key: tuple | None = None) -> Handle:
+    return Handle(cid, {"remote_num_tokens": 3, "remote_blocks_expiry_time": 1.0}, "http://d0", array("i", [1, 2, 3]),
+                  clock(), clock() + life, key)
+
+
+def test_take_is_single_use_and_concurrent_turns_never_share() -> None:
+    clock = Clock()
+    table = HandleTable(8, clock)
+    table.put(handle("c", clock))
+    first = table.take("c")
+    assert first.handle is not None and first.eligible
+    second = table.take("c")
+    assert second.handle is None and second.reason == IN_USE and second.eligible
+    table.release("c")
+    assert table.take("c").reason == "previous_turn_failed"
+
+
+def test_new_handle_clears_the_reason_and_replaces_the_old_one() -> None:
+    clock = Clock()
+    table = HandleTable(8, clock)
+    table.put(handle("c", clock))
+    table.take("c")
+    table.put(handle("c", clock))
+    table.release("c")
+    assert len(table) == 1 and table.take("c").handle is not None
+
+
+def test_expiry_uses_the_router_clock_not_the_decode_clock() -> None:
+    clock = Clock()
+    table = HandleTable(8, clock)
+    table.put(handle("c", clock, life=10))  # remote_blocks_expiry_time=1.0 is D's clock: ignored
+    clock.now += 9.9
+    assert table.get("c") is not None
+    clock.now += 0.2
+    taken = table.take("c")
+    assert taken.handle is None and taken.reason == "expired" and taken.eligible
+
+
+def test_sweep_drops_expired_handles_without_being_asked_for_them() -> None:
+    clock = Clock()
+    index = DerivedIndex()
+    table = HandleTable(8, clock, index=index)
+    table.put(handle("old", clock, life=5, key=("c", 1)))
+    table.put(handle("young", clock, life=50, key=("c", 2)))
+    clock.now += 6
+    assert table.sweep() == 1
+    assert len(table) == 1 and len(index) == 1
+    assert table.take("old").reason == "expired"
+
+
+def test_lru_bound_evicts_the_least_recent_and_says_so() -> None:
+    clock = Clock()
+    table = HandleTable(2, clock)
+    for cid in ("a", "b", "c"):
+        table.put(handle(cid, clock))
+    assert len(table) == 2
+    assert table.take("a").reason == "evicted"
+    assert table.take("never").reason == NEW_CONVERSATION
+    assert not table.take("never").eligible
+
+
+def test_index_follows_the_table() -> None:
+    clock = Clock()
+    index = DerivedIndex()
+    table = HandleTable(8, clock, index=index)
+    table.put(handle("c", clock, key=("c", 42)))
+    assert len(index) == 1
+    table.take("c")
+    assert len(index) == 0
