@@ -1,0 +1,1 @@
+"""vLLM-compatible prefill/decode engine simulator with bidirectional NIXL KV semantics."""

@@ -1,0 +1,230 @@
+"""One simulated engine: queueing, prefix cache, remote KV reads with the integrity oracle, and pacing.
+
+A request runs in two parts: `Engine.start` does everything up to the first token (queue for a slot, local
+prefix hit, the remote read, the compute) and returns a `Run`; `Run.tokens()` paces the rest, and
+`Run.finish()` keeps the blocks for a peer and returns `kv_transfer_params` as vLLM's connector does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pdctl.sim import timing
+from pdctl.sim.blocks import BlockPool, PoolExhausted
+from pdctl.sim.config import SimConfig
+from pdctl.sim.kv import KVReader, KVStore, ReadFailed, block_group, is_handle
+from pdctl.sim.metrics import SimMetrics
+from pdctl.sim.tokenizer import generate
+
+log = logging.getLogger("pdctl.sim.engine")
+
+
+class EngineError(Exception):
+    """A request the engine refuses or fails, with the HTTP status and OpenAI error type to report."""
+
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+
+@dataclass
+class GenRequest:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    kv_params: dict[str, Any] | None = None
+    thinking: bool = False
+
+
+@dataclass
+class Run:
+    engine: Engine
+    req: GenRequest
+    output: list[int]
+    block_ids: list[int]
+    seq_len: int
+    is_p: bool
+    is_d: bool
+    pacer: timing.Pacer
+    closed: bool = field(default=False)
+
+    async def tokens(self) -> AsyncIterator[int]:
+        for i, token in enumerate(self.output):
+            if i:
+                await self.pacer.wait_ms(timing.TPOT_MS)
+            yield token
+
+    def finish(self) -> dict[str, Any] | None:
+        """The request completed: keep its blocks for the peer where the connector would, else free them."""
+        if self.closed:
+            return None
+        self.closed = True
+        eng = self.engine
+        eng.metrics.lab(eng.metrics.generation_tokens).inc(len(self.output))
+        params = None
+        if self.is_p:
+            eng.store.retain(self.req.request_id, self.block_ids, eng.cfg.kv.lease_duration, "lease")
+            params = eng.handle(self.req.request_id, self.block_ids, self.seq_len, None, p_node=True)
+        elif self.is_d and eng.cfg.kv.bidirectional:
+            deadline = eng.store.retain(self.req.request_id, self.block_ids, eng.cfg.kv.decoder_kv_blocks_ttl, "ttl")
+            params = eng.handle(self.req.request_id, self.block_ids, self.seq_len, deadline, p_node=False)
+        else:
+            eng.pool.free_blocks(self.block_ids)
+        eng.release_slot()
+        return params
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.engine.pool.free_blocks(self.block_ids)
+            self.engine.release_slot()
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, metrics: SimMetrics, client: httpx.AsyncClient) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, cfg.prefix_caching)
+        self.store = KVStore(self.pool, cfg.engine_id)
+        self.reader = KVReader(client, metrics, cfg.fail_kv_reads)
+        self.slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self.compute_lock = asyncio.Lock()
+        self.running = 0
+        self.waiting = 0
+
+    def gauges(self) -> None:
+        m = self.metrics
+        m.lab(m.running).set(self.running)
+        m.lab(m.waiting).set(self.waiting)
+        m.lab(m.kv_usage).set(self.pool.usage())
+
+    def release_slot(self) -> None:
+        self.running -= 1
+        self.slots.release()
+        self.gauges()
+
+    def handle(self, rid: str, ids: list[int], num_tokens: int, expiry: float | None, p_node: bool) -> dict[str, Any]:
+        return {
+            "do_remote_prefill": p_node, "do_remote_decode": not p_node, "remote_block_ids": [list(ids)],
+            "remote_engine_id": self.cfg.engine_id, "remote_request_id": rid,
+            "remote_host": self.cfg.side_channel_host, "remote_port": self.cfg.side_channel_port,
+            "tp_size": 1, "remote_num_tokens": num_tokens, "remote_blocks_expiry_time": expiry,
+        }
+
+    async def start(self, req: GenRequest) -> Run:
+        pacer = timing.Pacer(self.cfg.speed)
+        self.waiting += 1
+        self.gauges()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        self.gauges()
+        try:
+            return await self._prefill(req, pacer)
+        except BaseException:
+            self.release_slot()
+            raise
+
+    async def _allocate(self, n: int) -> list[int]:
+        if n > self.pool.num_blocks:
+            raise EngineError(400, f"The request needs {n} KV blocks but the engine has {self.pool.num_blocks}.",
+                              "BadRequestError", "input_tokens")
+        while True:
+            try:
+                ids = self.pool.allocate(n)
+                self.gauges()
+                return ids
+            except PoolExhausted:
+                if not self.store.sweep():
+                    await asyncio.sleep(0.02)
+
+    async def _prefill(self, req: GenRequest, pacer: timing.Pacer) -> Run:
+        cfg, pool, T = self.cfg, self.pool, req.prompt
+        n, m = len(T), req.max_tokens
+        params = req.kv_params or {}
+        is_p, is_d = bool(params.get("do_remote_decode")), bool(params.get("do_remote_prefill"))
+        output = generate(T, m, req.thinking)
+        seq = T + output[:-1]
+        hit_ids = pool.lookup_prefix(T, n - 1)
+        try:
+            new_ids = await self._allocate(pool.blocks_for(len(seq)) - len(hit_ids))
+        except BaseException:
+            pool.free_blocks(hit_ids)
+            raise
+        ids = hit_ids + new_ids
+        try:
+            pulled, read_ms, held = await self._pull(req, params, is_p, is_d, seq, len(hit_ids), new_ids)
+        except BaseException:
+            pool.free_blocks(ids)
+            raise
+        hit = len(hit_ids) * pool.block_size
+        pool.write(new_ids, seq, first_block=len(hit_ids), held=held)
+        self.gauges()
+        self.metrics.lab(self.metrics.prompt_tokens).inc(n)
+        overhead = timing.DECODE_OVERHEAD_MS if is_d else timing.PREFILL_OVERHEAD_MS
+        await pacer.wait_ms(overhead + read_ms + cfg.extra_latency_ms)
+        compute_ms = timing.prefill_compute_ms(n - hit - pulled, hit + pulled)
+        if pacer.scale:
+            async with self.compute_lock:
+                await pacer.wait_ms(compute_ms)
+        if is_d:
+            await pacer.wait_ms(timing.TPOT_MS)
+        return Run(self, req, output, ids, len(seq), is_p, is_d, pacer)
+
+    async def _pull(
+        self, req: GenRequest, params: dict[str, Any], is_p: bool, is_d: bool, seq: list[int], hit_blocks: int,
+        new_ids: list[int],
+    ) -> tuple[int, float, list[int]]:
+        """The remote read this request needs, if any: (tokens pulled, modelled ms, what the blocks hold)."""
+        cfg, pool = self.cfg, self.pool
+        d2p = is_p and cfg.kv.bidirectional and is_handle(params)
+        if not (d2p or (is_d and is_handle(params))):
+            return 0, 0.0, seq
+        n = len(req.prompt)
+        hit = hit_blocks * pool.block_size
+        limit = min(int(params.get("remote_num_tokens") or n), n)
+        count = limit - hit
+        if count <= 0 or count < cfg.kv.recompute_threshold:
+            asyncio.get_running_loop().create_task(self.reader.notify(params))
+            return 0, 0.0, seq
+        k = pool.blocks_for(limit) - hit_blocks
+        try:
+            if d2p and await self.reader.expired(params):
+                raise ReadFailed("expired handle")
+            group = block_group(params)
+            if k > len(group):
+                raise ReadFailed(f"handle holds {len(group)} blocks, {k} needed")
+            # vLLM end-trims the remote group to the blocks it still needs (the #43094 hazard).
+            remote_ids = group[-k:]
+            content = await self.reader.read(params, remote_ids)
+        except ReadFailed as e:
+            log.warning("KV load failed for request %s: %s (kv_load_failure_policy=%s)",
+                        req.request_id, e, cfg.kv.load_failure_policy)
+            if cfg.kv.load_failure_policy == "fail":
+                raise EngineError(500, f"KV transfer failed for request {req.request_id}: {e}",
+                                  "InternalServerError") from e
+            return 0, 0.0, seq
+        descriptors = timing.num_descriptors(new_ids[:k], remote_ids)
+        nbytes = timing.kv_bytes(k * pool.block_size)
+        read_ms = timing.kv_read_ms(nbytes, descriptors)
+        scale = timing.time_scale(cfg.speed)
+        self.metrics.record_transfer(read_ms * scale / 1e3, timing.READ_POST_MS * scale / 1e3, nbytes, descriptors)
+        pulled = [t for block in content for t in block][:count]
+        expected = req.prompt[hit:limit]
+        if pulled != expected:
+            where = next((i for i, (a, b) in enumerate(zip(pulled, expected, strict=False)) if a != b), len(pulled))
+            self.metrics.lab(self.metrics.corrupt).inc()
+            log.warning("pdctl-sim: corrupt KV reuse in request %s: %d tokens read from engine %s (request %s) "
+                        "differ from the prompt from position %d on", req.request_id, count,
+                        params.get("remote_engine_id"), params.get("remote_request_id"), hit + where)
+        held = list(seq)
+        held[hit:limit] = pulled + [-1] * (count - len(pulled))
+        return count, read_ms, held

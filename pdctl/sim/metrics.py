@@ -1,0 +1,122 @@
+"""Prometheus metrics under vLLM's names, and the periodic `KV Transfer metrics:` log line."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+log = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.metrics")
+
+XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+BYTES_BUCKETS = tuple(float(2**k) for k in range(11, 35, 2))
+DESC_BUCKETS = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0)
+
+
+class SimMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        r = self.registry
+        self._values = {"model_name": model_name, "engine": "0"}
+        self.running = Gauge("vllm:num_requests_running", "Requests running.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds", "NIXL read time.", labels, buckets=XFER_BUCKETS, registry=r
+        )
+        self.post_time = Histogram(
+            "vllm:nixl_post_time_seconds", "NIXL post time.", labels, buckets=XFER_BUCKETS, registry=r
+        )
+        self.xfer_bytes = Histogram(
+            "vllm:nixl_bytes_transferred", "Bytes per NIXL read.", labels, buckets=BYTES_BUCKETS, registry=r
+        )
+        self.descriptors = Histogram(
+            "vllm:nixl_num_descriptors", "Descriptors per NIXL read.", labels, buckets=DESC_BUCKETS, registry=r
+        )
+        self.failed = Counter("vllm:nixl_num_failed_transfers", "Failed NIXL reads.", labels, registry=r)
+        self.failed_notifs = Counter(
+            "vllm:nixl_num_failed_notifications", "Failed NIXL notifications.", labels, registry=r
+        )
+        self.expired = Counter("vllm:nixl_num_kv_expired_reqs", "Remote reads declined as expired.", labels, registry=r)
+        self.corrupt = Counter(
+            "pdctl_sim_corrupt_reuse", "KV reuses whose blocks did not hold the prompt's prefix.", labels, registry=r
+        )
+        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens,
+                       self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
+                       self.failed_notifs, self.expired, self.corrupt):
+            metric.labels(**self._values)
+        self.stats = TransferStats()
+
+    def lab(self, metric):  # type: ignore[no-untyped-def]
+        return metric.labels(**self._values)
+
+    def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:
+        self.lab(self.xfer_time).observe(seconds)
+        self.lab(self.post_time).observe(post_s)
+        self.lab(self.xfer_bytes).observe(nbytes)
+        self.lab(self.descriptors).observe(descriptors)
+        self.stats.add(seconds, post_s, nbytes, descriptors)
+
+    def record_failure(self) -> None:
+        self.lab(self.failed).inc()
+        self.stats.failed += 1
+
+    def record_expired(self) -> None:
+        self.lab(self.expired).inc()
+        self.stats.expired += 1
+
+
+@dataclass
+class TransferStats:
+    """What one stats interval saw, reduced as NixlKVConnectorStats.reduce() does."""
+
+    xfer_s: list[float] = field(default_factory=list)
+    post_s: list[float] = field(default_factory=list)
+    nbytes: list[int] = field(default_factory=list)
+    descriptors: list[int] = field(default_factory=list)
+    failed: int = 0
+    expired: int = 0
+
+    def add(self, xfer_s: float, post_s: float, nbytes: int, descriptors: int) -> None:
+        self.xfer_s.append(xfer_s)
+        self.post_s.append(post_s)
+        self.nbytes.append(nbytes)
+        self.descriptors.append(descriptors)
+
+    def empty(self) -> bool:
+        return not self.xfer_s and not self.failed and not self.expired
+
+    def line(self) -> str:
+        n = len(self.xfer_s)
+        if n:
+            xfer_ms = [x * 1e3 for x in self.xfer_s]
+            post_ms = [x * 1e3 for x in self.post_s]
+            mb = sum(self.nbytes) / 2**20
+            total_s = sum(self.xfer_s)
+            values = [n, round(statistics.mean(xfer_ms), 3), round(_p90(xfer_ms), 3),
+                      round(statistics.mean(post_ms), 3), round(_p90(post_ms), 3), round(mb / n, 3),
+                      round(mb / total_s, 3) if total_s > 0 else 0.0, round(statistics.mean(self.descriptors), 1)]
+        else:
+            values = [0, 0, 0, 0, 0, 0, 0, 0]
+        keys = ["Num successful transfers", "Avg xfer time (ms)", "P90 xfer time (ms)", "Avg post time (ms)",
+                "P90 post time (ms)", "Avg MB per transfer", "Throughput (MB/s)", "Avg number of descriptors",
+                "Num failed transfers", "Num KV expired reqs"]
+        values += [self.failed, self.expired]
+        return "KV Transfer metrics: " + ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def log_stats(metrics: SimMetrics) -> None:
+    """Log the interval's line (only if something happened) and start a new interval."""
+    stats, metrics.stats = metrics.stats, TransferStats()
+    if not stats.empty():
+        log.info("%s", stats.line())

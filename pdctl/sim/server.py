@@ -1,0 +1,212 @@
+"""The simulator's HTTP surfaces: vLLM's OpenAI API on --host:--port and the NIXL side channel on
+VLLM_NIXL_SIDE_CHANNEL_HOST:PORT, both served by one uvicorn server and told apart by local port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from pdctl.sim import protocol
+from pdctl.sim.config import SimConfig
+from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
+from pdctl.sim.metrics import SimMetrics, log_stats
+from pdctl.sim.tokenizer import token_str
+
+log = logging.getLogger("vllm.entrypoints.openai.api_server")
+
+
+def _error(e: EngineError) -> JSONResponse:
+    return JSONResponse(protocol.error_body(e.status, e.message, e.err_type, e.param), status_code=e.status)
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.metrics = SimMetrics(cfg.model_name)
+        self.served_names = cfg.served_model_names or (cfg.model,)
+        self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
+        self.engine = Engine(cfg, self.metrics, self.client)
+        self.finished = 0
+        self.api = Starlette(routes=[
+            Route("/health", self.health), Route("/v1/models", self.models),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
+            Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
+        ])
+        self.side = Starlette(routes=[
+            Route("/handshake", self.handshake), Route("/read", self.side_read, methods=["POST"]),
+            Route("/notify", self.side_notify, methods=["POST"]),
+        ])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.api(scope, receive, send)
+            return
+        server = scope.get("server") or (None, None)
+        app = self.side if server[1] == self.cfg.side_channel_port else self.api
+        await app(scope, receive, send)
+
+    # -- OpenAI API ---------------------------------------------------------------------------------------
+    async def health(self, _: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(self, _: Request) -> JSONResponse:
+        now = int(time.time())
+        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
+                 "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
+                for name in self.served_names]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def metrics_page(self, _: Request) -> Response:
+        self.engine.gauges()
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def tokenize(self, request: Request) -> JSONResponse:
+        try:
+            ids = protocol.tokenize_prompt(await self._json(request))
+        except EngineError as e:
+            return _error(e)
+        return JSONResponse({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
+                             "token_strs": [token_str(i) for i in ids]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def _json(self, request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            msg = getattr(e, "msg", str(e))
+            raise EngineError(
+                400,
+                f"1 validation error:\n  {{'type': 'json_invalid', 'loc': ('body', {getattr(e, 'pos', 0)}), "
+                f"'msg': 'JSON decode error', 'input': {{}}, 'ctx': {{'error': '{msg}'}}}}",
+                "Bad Request", f"body.{getattr(e, 'pos', 0)}",
+            ) from e
+
+    async def _generate(self, request: Request, chat: bool) -> Response:
+        try:
+            p = protocol.parse(await self._json(request), chat, self.served_names, self.cfg.max_model_len)
+            rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
+            run = await self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking))
+        except EngineError as e:
+            return _error(e)
+        if p.stream:
+            return StreamingResponse(self._stream(p, rid, run), media_type="text/event-stream")
+        try:
+            output = [t async for t in run.tokens()]
+            kv = run.finish()
+        finally:
+            run.abort()
+        self._count_finished()
+        return JSONResponse(protocol.full_body(p, rid, p.model, output, kv))
+
+    async def _stream(self, p: protocol.Parsed, rid: str, run: Run) -> AsyncIterator[str]:
+        created = int(time.time())
+        last = len(run.output) - 1
+        try:
+            if p.chat:
+                yield _sse(protocol.chunk(p, rid, created, p.model, None, first=True, final=False))
+            i = 0
+            async for token in run.tokens():
+                kv = run.finish() if i == last else None
+                yield _sse(protocol.chunk(p, rid, created, p.model, token, first=i == 0 and not p.chat,
+                                          final=i == last, kv=kv))
+                i += 1
+            if p.include_usage:
+                yield _sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output)))
+            yield "data: [DONE]\n\n"
+        finally:
+            run.abort()
+        self._count_finished()
+
+    def _count_finished(self) -> None:
+        self.finished += 1
+        if self.cfg.die_after and self.finished >= self.cfg.die_after:
+            log.error("pdctl-sim: --die-after %d reached, exiting", self.cfg.die_after)
+            asyncio.get_running_loop().call_later(0.2, os._exit, 1)
+
+    # -- side channel ---------------------------------------------------------------------------------------
+    async def handshake(self, _: Request) -> JSONResponse:
+        return JSONResponse(self.engine.store.handshake())
+
+    async def side_read(self, request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+            ids = [int(b) for b in body["block_ids"]]
+            tokens = self.engine.store.serve_read(str(body["request_id"]), ids)
+        except (ValueError, KeyError, TypeError) as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        self.engine.gauges()
+        return JSONResponse({"tokens": tokens})
+
+    async def side_notify(self, request: Request) -> JSONResponse:
+        try:
+            freed = self.engine.store.release(str((await request.json())["request_id"]))
+        except (ValueError, KeyError, TypeError) as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        self.engine.gauges()
+        return JSONResponse({"freed": freed})
+
+    # -- background -----------------------------------------------------------------------------------------
+    async def housekeeping(self) -> None:
+        next_stats = time.monotonic() + self.cfg.log_stats_interval
+        while True:
+            await asyncio.sleep(min(0.5, self.cfg.log_stats_interval))
+            if self.engine.store.sweep():
+                self.engine.gauges()
+            if time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + self.cfg.log_stats_interval
+                log_stats(self.metrics)
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(cfg: SimConfig) -> None:
+    sim = SimServer(cfg)
+    sockets = [_listen(cfg.host, cfg.port), _listen(cfg.side_channel_host, cfg.side_channel_port)]
+    config = uvicorn.Config(sim, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    keeper = asyncio.create_task(sim.housekeeping())
+    log.info("Starting vLLM API server (pdctl simulator, role %s) on http://%s:%d, NIXL side channel %s:%d",
+             cfg.role, cfg.host, cfg.port, cfg.side_channel_host, cfg.side_channel_port)
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        await sim.client.aclose()

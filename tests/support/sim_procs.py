@@ -1,0 +1,153 @@
+"""Start simulated prefill/decode engines as real processes on free 127.0.0.1 ports, for any test area.
+
+    with sim_pair(tmp_path, speed=1000, bidirectional=True) as pair:
+        httpx.post(f"{pair.prefill_url}/v1/completions", json={...})
+        pair.prefill.metric("pdctl_sim_corrupt_reuse_total")
+
+    with sim_process(tmp_path, "decode", name="decode-1") as d1: ...     # e.g. for 2P2D
+
+Each process runs in its own process group and is killed (the whole group) on exit of the block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import free_port
+
+MODEL = "Qwen/Qwen3-32B"
+SERVED = "Qwen"
+
+
+@dataclass
+class SimProc:
+    name: str
+    role: str
+    url: str
+    port: int
+    side_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def metric(self, name: str) -> float:
+        """Sum of every sample of one Prometheus metric (e.g. `vllm:nixl_num_failed_transfers_total`)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+        return sum(float(v) for v in pattern.findall(text))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+@dataclass
+class SimPair:
+    prefill: SimProc
+    decode: SimProc
+
+    @property
+    def prefill_url(self) -> str:
+        return self.prefill.url
+
+    @property
+    def decode_url(self) -> str:
+        return self.decode.url
+
+    @property
+    def prefill_log(self) -> Path:
+        return self.prefill.log_path
+
+    @property
+    def decode_log(self) -> Path:
+        return self.decode.log_path
+
+
+def kv_config(role: str, bidirectional: bool = True, threshold: int = 0, ttl: float = 480,
+              policy: str = "fail", lease: float | None = None) -> str:
+    extra: dict[str, Any] = {"backends": ["UCX"], "kv_recompute_threshold": threshold,
+                             "decoder_kv_blocks_ttl": ttl, "bidirectional_kv_xfer": bidirectional}
+    if lease is not None:
+        extra["kv_lease_duration"] = lease
+    return json.dumps({"kv_connector": "NixlConnector",
+                       "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                       "kv_buffer_device": "cuda", "kv_load_failure_policy": policy,
+                       "kv_connector_extra_config": extra})
+
+
+def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float = 1000, block_size: int = 16,
+              num_blocks: int = 4000, max_model_len: int = 32768, max_num_seqs: int = 64,
+              prefix_caching: bool | None = None, bidirectional: bool = True, threshold: int = 0,
+              ttl: float = 480, policy: str = "fail", args: Sequence[str] = (),
+              wait_s: float = 30) -> SimProc:
+    """Start one simulator and wait for /health. Prefill defaults to no prefix caching, as the anchor setup."""
+    name = name or role
+    port, side_port = free_port(), free_port()
+    log_path = Path(log_dir) / f"{name}.log"
+    caching = (role == "decode") if prefix_caching is None else prefix_caching
+    argv = [sys.executable, "-m", "pdctl.sim", "serve", MODEL, "--role", role, "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", SERVED, "--dtype", "bfloat16",
+            "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--block-size", str(block_size), "--num-gpu-blocks", str(num_blocks),
+            *([] if caching else ["--no-enable-prefix-caching"]),
+            "--kv-transfer-config", kv_config(role, bidirectional, threshold, ttl, policy),
+            "--speed", f"{speed:g}", *args]
+    env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
+           "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    sim = SimProc(name, role, f"http://127.0.0.1:{port}", port, side_port, log_path, proc)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"simulator {name} exited with {proc.returncode}:\n{sim.log_text()[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{sim.url}/health", timeout=1).status_code == 200:
+                return sim
+        time.sleep(0.05)
+    sim.stop()
+    raise RuntimeError(f"simulator {name} did not answer /health within {wait_s}s:\n{sim.log_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def sim_process(log_dir: Path, role: str, **kwargs: Any) -> Iterator[SimProc]:
+    sim = start_sim(log_dir, role, **kwargs)
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@contextlib.contextmanager
+def sim_pair(log_dir: Path, *, prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
+             prefill_kwargs: dict[str, Any] | None = None, decode_kwargs: dict[str, Any] | None = None,
+             **common: Any) -> Iterator[SimPair]:
+    """A prefill and a decode simulator. `common` goes to both (speed, block_size, bidirectional, threshold,
+    ttl, policy, num_blocks, ...); `*_kwargs` and `*_args` (extra CLI flags) to one side."""
+    with (
+        sim_process(log_dir, "decode", args=decode_args, **{**common, **(decode_kwargs or {})}) as d,
+        sim_process(log_dir, "prefill", args=prefill_args, **{**common, **(prefill_kwargs or {})}) as p,
+    ):
+        yield SimPair(prefill=p, decode=d)
