@@ -1,0 +1,176 @@
+"""The async client: plays conversations against the router with streaming requests and times each turn.
+
+TTFT is measured to the first chunk with non-empty content, as vLLM's multi-turn benchmark does; TPOT is the
+time after it divided by the remaining output tokens. `clients` workers each play one conversation at a time,
+turn after turn; `rate` > 0 spaces each worker's requests with Poisson arrivals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pdctl.bench.collect import parse_ms, parse_reuse
+from pdctl.bench.records import RequestRecord
+from pdctl.bench.workload import Api, Conversation
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    url: str
+    model: str
+    api: Api = "chat"
+    output_tokens: int = 300
+    clients: int = 1
+    rate: float = 0.0
+    timeout: float = 600.0
+    api_key: str | None = None
+    seed: int = 0
+
+
+@dataclass
+class _Reply:
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    chunks: int = 0
+    usage: dict[str, Any] | None = None
+    first: float | None = None
+    error: str | None = None
+
+
+async def play(
+    conversations: list[Conversation],
+    opts: ClientOptions,
+    leg: str,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[RequestRecord]:
+    """Play every conversation to its last turn (or its first failed turn) and return one record per request."""
+    queue: asyncio.Queue[Conversation] = asyncio.Queue()
+    for conv in conversations:
+        queue.put_nowait(conv)
+    records: list[RequestRecord] = []
+    limits = httpx.Limits(max_connections=opts.clients + 2, max_keepalive_connections=opts.clients + 2)
+    timeout = httpx.Timeout(opts.timeout, connect=10.0)
+    async with httpx.AsyncClient(base_url=opts.url, timeout=timeout, limits=limits, transport=transport) as client:
+
+        async def worker(client_id: int) -> None:
+            rng = random.Random(opts.seed * 1000 + client_id)
+            while not queue.empty():
+                conv = queue.get_nowait()
+                while not conv.done:
+                    if opts.rate > 0:
+                        await asyncio.sleep(rng.expovariate(opts.rate))
+                    rec, reply = await send(client, conv, opts, leg, client_id)
+                    records.append(rec)
+                    if on_record is not None:
+                        on_record(rec)
+                    if not rec.ok:
+                        break
+                    conv.advance("".join(reply.text), reply.ids)
+
+        await asyncio.gather(*(worker(i) for i in range(max(1, opts.clients))))
+    return records
+
+
+async def send(
+    client: httpx.AsyncClient, conv: Conversation, opts: ClientOptions, leg: str, client_id: int = 0
+) -> tuple[RequestRecord, _Reply]:
+    body = conv.body(opts.model, opts.output_tokens)
+    headers = {"X-Session-ID": conv.conversation_id}
+    if opts.api_key:
+        headers["Authorization"] = f"Bearer {opts.api_key}"
+    rec = RequestRecord(
+        leg=leg,
+        length=conv.plan.length,
+        conversation_id=conv.conversation_id,
+        turn=conv.turn,
+        api=opts.api,
+        client_id=client_id,
+        input_num_turns=len(body.get("messages", [])) or conv.turn + 1,
+    )
+    reply = _Reply()
+    start = time.perf_counter()
+    rec.start_time_ms = start * 1000.0
+    try:
+        async with client.stream("POST", PATHS[opts.api], json=body, headers=headers) as resp:
+            rec.status = resp.status_code
+            rec.request_id = resp.headers.get("x-request-id")
+            rec.prefill_ms = parse_ms(resp.headers.get("x-pd-prefill-ms"))
+            reuse = parse_reuse(resp.headers.get("x-pd-kv-reuse"))
+            if reuse is not None:
+                rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
+            else:
+                await _read_stream(resp, opts.api, reply)
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    end = time.perf_counter()
+    rec.error = rec.error or reply.error
+    _finish(rec, reply, start, end, body)
+    return rec, reply
+
+
+async def _read_stream(resp: httpx.Response, api: Api, reply: _Reply) -> None:
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            reply.error = f"unparsable stream chunk: {data[:120]}"
+            return
+        if "error" in chunk:
+            reply.error = f"stream error: {_error_message(json.dumps(chunk).encode())}"
+            return
+        if chunk.get("usage"):
+            reply.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
+            if text:
+                if reply.first is None:
+                    reply.first = time.perf_counter()
+                reply.text.append(text)
+                reply.chunks += 1
+            reply.ids.extend(choice.get("token_ids") or [])
+
+
+def _finish(rec: RequestRecord, reply: _Reply, start: float, end: float, body: dict[str, Any]) -> None:
+    rec.latency_ms = (end - start) * 1000.0
+    usage = reply.usage or {}
+    rec.output_num_tokens = int(usage.get("completion_tokens") or len(reply.ids) or reply.chunks)
+    rec.output_num_chunks = reply.chunks
+    if usage.get("prompt_tokens"):
+        rec.input_num_tokens = int(usage["prompt_tokens"])
+    elif "prompt" in body:
+        rec.input_num_tokens, rec.input_tokens_source = len(body["prompt"]), "prompt"
+    else:
+        rec.input_tokens_source = "unknown"
+    if reply.first is not None:
+        rec.ttft_ms = (reply.first - start) * 1000.0
+        if rec.output_num_tokens > 1:
+            rec.tpot_ms = (end - reply.first) * 1000.0 / (rec.output_num_tokens - 1)
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else the start of the body."""
+    try:
+        data = json.loads(raw)
+        err = data.get("error", data)
+        msg = err.get("message") if isinstance(err, dict) else err
+        return str(msg or data)[:300]
+    except (ValueError, AttributeError):
+        return raw.decode(errors="replace")[:300]

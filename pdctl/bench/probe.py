@@ -1,0 +1,113 @@
+"""The bench's side reads of a deployment: health, the prefills' `/metrics` (or their logs), the router's `/stats`,
+and a tokens-per-word ratio measured on an engine's `/tokenize`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import httpx
+
+from pdctl.bench.collect import Samples, has_nixl, kv_from_log, nixl_delta, parse_prometheus
+from pdctl.bench.legs import Endpoints
+from pdctl.bench.records import KvTransfer
+from pdctl.errors import LaunchError
+from pdctl.remote.base import Transport, expand_home
+
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+def wait_healthy(urls: list[str], timeout_s: float = 300.0) -> None:
+    """Every `url/health` answers 200, or LaunchError naming the first that did not."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        for url in urls:
+            while True:
+                try:
+                    if client.get(f"{url}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        f"{url}/health did not answer 200 within {timeout_s:.0f} s",
+                        hint="check `pdctl status`, or deploy with `pdctl up` and rerun the bench",
+                    )
+                time.sleep(0.25)
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=3.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def router_stats(url: str) -> dict[str, object] | None:
+    try:
+        resp = httpx.get(f"{url}/stats", timeout=TIMEOUT)
+        return resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def tokens_per_word(url: str, model: str, text: str) -> float | None:
+    """How many of the engine's tokens one corpus word makes; None when `/tokenize` is not there."""
+    words = len(text.split())
+    try:
+        resp = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": text}, timeout=TIMEOUT)
+        count = int(resp.json()["count"]) if resp.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return count / words if count and words else None
+
+
+class KvMeter:
+    """KV transfer of the prefill instances over a span: `/metrics` deltas, else `KV Transfer metrics` log lines."""
+
+    def __init__(self, ep: Endpoints, transports: Mapping[str, Transport] | None = None) -> None:
+        self.ep = ep
+        self.transports = transports or {}
+        self._samples: Samples = {}
+        self._log_lines: dict[str, int] = {}
+
+    def start(self) -> None:
+        self._samples = self._scrape()
+        self._log_lines = {path: self._line_count(node, path) for node, path in self.ep.prefill_logs}
+
+    def stop(self) -> KvTransfer:
+        after = self._scrape()
+        if has_nixl(after):
+            return nixl_delta(self._samples, after)
+        lines: list[str] = []
+        for node, path in self.ep.prefill_logs:
+            lines += self._new_lines(node, path, self._log_lines.get(path, 0))
+        kv = kv_from_log(lines)
+        return kv if kv.transfers or kv.failed else KvTransfer()
+
+    def _scrape(self) -> Samples:
+        total: Samples = {}
+        for url in self.ep.prefill_urls:
+            try:
+                resp = httpx.get(f"{url}/metrics", timeout=TIMEOUT)
+            except httpx.HTTPError:
+                continue
+            if resp.status_code == 200:
+                for k, v in parse_prometheus(resp.text).items():
+                    total[k] = total.get(k, 0.0) + v
+        return total
+
+    def _line_count(self, node: str, path: str) -> int:
+        transport = self.transports.get(node)
+        if transport is None:
+            return 0
+        res = transport.run(f"wc -l < {expand_home(path)} 2>/dev/null || echo 0")
+        return int(res.stdout.strip() or 0) if res.stdout.strip().isdigit() else 0
+
+    def _new_lines(self, node: str, path: str, since: int) -> list[str]:
+        transport = self.transports.get(node)
+        if transport is None:
+            return []
+        res = transport.run(f"tail -n +{since + 1} {expand_home(path)} 2>/dev/null | grep -F 'KV Transfer metrics'")
+        return res.stdout.splitlines()
