@@ -56,15 +56,17 @@ class VenvState(Fact[Venv]):
 
     venv: str
     names: tuple[str, ...] = ("vllm", "nixl", "torch", "pdctl")
+    python: str | None = None
     name: ClassVar[str] = "python.VenvState"
     result: ClassVar[object] = Venv
 
     def command(self, layout: HostLayout) -> str:
         venv = path(self.venv.rstrip("/"))
+        py = path(self.python) if self.python else f"{venv}/bin/python"
         names = " ".join(shlex.quote(_norm(n)) for n in self.names)
         return (
-            f"if [ -x {venv}/bin/python ]; then "
-            f"{venv}/bin/python -c {shlex.quote(_PROBE)} {names}; "
+            f"if [ -x {py} ]; then "
+            f"{py} -c {shlex.quote(_PROBE)} {names}; "
             f'echo "shipped: $(cat {venv}/{SHIPPED_SHA} 2>/dev/null)"; '
             f"else echo {NO_VENV}; fi"
         )
@@ -96,13 +98,12 @@ class VllmCompat(Fact[str | None]):
     None when it cannot say (pdctl or vLLM not installed there yet).
     """
 
-    venv: str
+    python: str
     name: ClassVar[str] = "python.VllmCompat"
     result: ClassVar[object] = str | None
 
     def command(self, layout: HostLayout) -> str:
-        venv = path(self.venv.rstrip("/"))
-        return f"{venv}/bin/python -m pdctl.nodes.vllm_compat status"
+        return f"{path(self.python)} -m pdctl.nodes.vllm_compat status"
 
     def process(self, lines: list[str]) -> str | None:
         for line in lines:
@@ -117,3 +118,26 @@ class VllmCompat(Fact[str | None]):
 
 def _norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
+
+
+@dataclass(frozen=True)
+class FileHashes(Fact[dict[str, str]]):
+    """sha256 of every file directly inside `directory` (empty when it does not exist)."""
+
+    directory: str
+    name: ClassVar[str] = "python.FileHashes"
+    result: ClassVar[object] = dict[str, str]
+
+    def command(self, layout: HostLayout) -> str:
+        return f"cd {path(self.directory)} 2>/dev/null && find . -maxdepth 1 -type f -exec sha256sum {{}} + || true"
+
+    def process(self, lines: list[str]) -> dict[str, str]:
+        hashes: dict[str, str] = {}
+        for line in lines:
+            digest, sep, name = line.partition("  ")
+            if sep and len(digest) == 64:
+                hashes[name.removeprefix("./")] = digest
+        return hashes
+
+    def default(self) -> dict[str, str]:
+        return {}

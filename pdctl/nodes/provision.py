@@ -1,19 +1,153 @@
 """Bring every host of a topology to the state its processes need, changing only what disagrees.
 
-`provision()` is the hook `pdctl up` calls between preflight and launch. It gathers facts on all hosts in
-parallel, then runs the operations whose facts disagree with the topology, printing per host what changed (or
-"no changes") and the time spent.
+`provision()` is the hook `pdctl up` calls between preflight and launch. Per host, in parallel: read the
+facts the operations need in one round trip, then run the operations in order (EFA, venv, wheelhouse,
+packages, pdctl itself, the vLLM patch, the model), printing what changed or why nothing did, and the time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from rich.console import Console
+from rich.markup import escape
 
-    from pdctl.remote.base import Transport
-    from pdctl.topology import Topology
+from pdctl.errors import PdctlError
+from pdctl.facts.base import Fact, HostLayout, gather, layout_for, layouts_from_env
+from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion
+from pdctl.facts.host import Sudo
+from pdctl.facts.python import FileHashes, VllmCompat
+from pdctl.nodes import ship
+from pdctl.nodes.steps import StepRunner
+from pdctl.operations import efa, model, python, vllm
+from pdctl.operations.base import Context, Facts, Noop, Operation
+from pdctl.plan import plan
+from pdctl.remote.base import Transport
+from pdctl.topology import Topology
+
+OPERATIONS: list[tuple[str, Callable[[Context], Operation]]] = [
+    ("efa.installer", efa.installer),
+    ("python.venv", python.venv),
+    ("python.wheelhouse", python.wheelhouse),
+    ("python.packages", python.packages),
+    ("pdctl.ship", ship.ship),
+    ("vllm.compat", vllm.compat),
+    ("model.download", model.download),
+]
+
+
+@dataclass
+class OpResult:
+    name: str
+    changes: list[str] = field(default_factory=list)
+    noop: str | None = None
+
+
+@dataclass
+class HostReport:
+    node: str
+    results: list[OpResult] = field(default_factory=list)
+    seconds: float = 0.0
+    error: PdctlError | None = None
+
+    @property
+    def changed(self) -> bool:
+        return any(r.changes for r in self.results)
+
+
+def contexts(
+    topo: Topology, layouts: Mapping[str, HostLayout], *, allow_reboot: bool = False, wheel: Any = None
+) -> list[Context]:
+    """One context per node that runs something, with what it runs."""
+    specs = plan(topo)
+    engines = {s.node for s in specs if s.role != "router"}
+    pdctl_nodes = {s.node for s in specs if s.role == "router" or topo.engine == "sim"}
+    wheelhouse = python.wheelhouse_files(topo.python.wheelhouse) if topo.python.wheelhouse else []
+    return [
+        Context(
+            topo=topo,
+            node=node,
+            facts=Facts(lambda _: {}),
+            layout=layout_for(layouts, node.name),
+            runs_engine=node.name in engines,
+            runs_pdctl=node.name in pdctl_nodes,
+            allow_reboot=allow_reboot,
+            wheel=wheel,
+            wheelhouse=wheelhouse,
+        )
+        for node in topo.nodes
+        if node.name in engines or node.name in pdctl_nodes
+    ]
+
+
+def facts_for(ctx: Context) -> list[Fact[Any]]:
+    """The facts the operations will read on this host, gathered up front in one round trip."""
+    facts: list[Fact[Any]] = [Sudo(), python.venv_state(ctx)]
+    reqs = python.requirements(ctx)
+    if reqs:
+        facts.append(python.venv_state(ctx, tuple(r.name for r in reqs)))
+    if ctx.topo.efa.required and ctx.vllm:
+        facts += [InstallerVersion(), EfaModule(), FiInfo()]
+    if ctx.topo.python.wheelhouse:
+        facts.append(FileHashes(ctx.remote_wheelhouse))
+    if ctx.vllm:
+        facts += [VllmCompat(ctx.python), model.snapshot_fact(ctx)]
+    return facts
+
+
+def run_operation(
+    op_name: str,
+    operation: Callable[[Context], Operation],
+    ctx: Context,
+    transport: Transport,
+    console: Console,
+    runner: StepRunner,
+) -> OpResult:
+    """Drive one operation on one host: execute each step it yields and send back the result."""
+    result = OpResult(op_name)
+    steps = operation(ctx)
+    sent = None
+    while True:
+        try:
+            step = steps.send(sent)
+        except StopIteration:
+            break
+        if isinstance(step, Noop):
+            result.noop = step.reason
+            sent = None
+            continue
+        console.print(f"  {escape(ctx.node.name)} {op_name}: [yellow]{escape(step.describe)}[/]", highlight=False)
+        result.changes.append(step.describe)
+        sent = runner.execute(step, transport, ctx)
+    if result.changes:  # everything read before may be stale now
+        ctx.facts = Facts(lambda facts: gather(transport, facts, ctx.layout))
+    return result
+
+
+def provision_host(ctx: Context, transport: Transport, console: Console, runner: StepRunner) -> HostReport:
+    report = HostReport(ctx.node.name)
+    start = time.monotonic()
+    ctx.facts = Facts(lambda facts: gather(transport, facts, ctx.layout))
+    name = escape(ctx.node.name)
+    try:
+        ctx.facts.prime(gather(transport, facts_for(ctx), ctx.layout))
+        for op_name, operation in OPERATIONS:
+            report.results.append(run_operation(op_name, operation, ctx, transport, console, runner))
+    except PdctlError as exc:
+        report.error = exc
+    report.seconds = time.monotonic() - start
+    changes = sum(len(r.changes) for r in report.results)
+    status = f"{changes} change{'s' if changes != 1 else ''}" if changes else "no changes"
+    if report.error:
+        status = f"[red]failed[/] after {status}"
+    console.print(f"[bold]{name}[/]: {status} in {report.seconds:.1f} s", highlight=False)
+    return report
 
 
 def provision(
@@ -22,10 +156,23 @@ def provision(
     console: Console,
     *,
     allow_reboot: bool = False,
-) -> None:
-    """Provision `hosts` (host name -> transport) for `topo`; raises a `PdctlError` when a host cannot be.
+    layouts: Mapping[str, HostLayout] | None = None,
+) -> list[HostReport]:
+    """Provision `hosts` (node name -> transport) for `topo`; raises a `PdctlError` naming every host that failed.
 
-    Placeholder: changes nothing yet. The real implementation keeps this signature.
+    `layouts` (default: from $PDCTL_HOST_LAYOUT) say where a host keeps its tools and system files.
     """
-    del topo, hosts, allow_reboot
-    console.print("provision: nothing to do yet")
+    layouts = layouts_from_env() if layouts is None else layouts
+    with tempfile.TemporaryDirectory(prefix="pdctl-wheel-") as tmp:
+        wheel = ship.build_wheel(Path(tmp)) if topo.python.venv else None
+        ctxs = [c for c in contexts(topo, layouts, allow_reboot=allow_reboot, wheel=wheel) if c.node.name in hosts]
+        console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
+        with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
+            reports = list(pool.map(lambda c: provision_host(c, hosts[c.node.name], console, runner), ctxs))
+    failed = [r for r in reports if r.error]
+    if len(failed) == 1:
+        raise failed[0].error  # type: ignore[misc]
+    if failed:
+        lines = "\n".join(f"  {r.node}: {r.error}" for r in failed)
+        raise PdctlError(f"provisioning failed on {len(failed)} hosts:\n{lines}", failed[0].error.hint)  # type: ignore[union-attr]
+    return reports

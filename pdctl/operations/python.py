@@ -1,0 +1,144 @@
+"""The node's Python: the venv, the wheelhouse copy for offline installs, and the pinned packages."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from pdctl.errors import PdctlError, TopologyError
+from pdctl.facts.base import path
+from pdctl.facts.python import FileHashes, VenvState
+from pdctl.operations.base import Context, Noop, Operation, Put, Run
+
+WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def venv_state(ctx: Context, names: tuple[str, ...] = ()) -> VenvState:
+    base = ("vllm", "nixl", "torch", "pdctl")
+    extra = tuple(n for n in names if n not in base)
+    return VenvState(ctx.venv_dir, base + extra, None if ctx.venv else ctx.python)
+
+
+def pip_install(ctx: Context, args: str) -> str:
+    """A pip install into the node's venv: `uv pip` where uv exists, offline from the wheelhouse if one is set."""
+    offline = ""
+    if ctx.topo.python.wheelhouse:
+        offline = f"--no-index --find-links {path(ctx.remote_wheelhouse)} "
+    py = path(ctx.python)
+    return (
+        f"if command -v uv >/dev/null 2>&1; then uv pip install --python {py} {offline}{args}; "
+        f"else {py} -m pip install --disable-pip-version-check -q {offline}{args}; fi"
+    )
+
+
+def venv(ctx: Context) -> Operation:
+    """Create the venv (uv where present, else `python3 -m venv`) when it does not exist."""
+    if ctx.venv is None:
+        yield Noop("python.venv is null: the CLI's own interpreter runs pdctl")
+        return
+    if not (ctx.runs_pdctl or ctx.vllm):
+        yield Noop("runs no pdctl or vLLM process")
+        return
+    state = ctx.facts.get(venv_state(ctx))
+    if state.exists and state.python:
+        yield Noop(f"{ctx.venv} has Python {state.python}")
+        return
+    site = " --system-site-packages" if ctx.topo.python.system_site_packages else ""
+    v = path(ctx.venv)
+    yield Run(
+        f"if command -v uv >/dev/null 2>&1; then uv venv --seed{site} {v}; else python3 -m venv{site} {v}; fi",
+        f"create venv {ctx.venv}",
+        timeout=300,
+    )
+    ctx.facts.forget(venv_state(ctx))
+
+
+def local_hash(file: Path) -> str:
+    st = file.stat()
+    key = (str(file.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        digest = hashlib.sha256()
+        with file.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        _HASHES[key] = digest.hexdigest()
+    return _HASHES[key]
+
+
+def wheelhouse_files(directory: str) -> list[Path]:
+    root = Path(directory).expanduser()
+    if not root.is_dir():
+        raise PdctlError(
+            f"python.wheelhouse {directory} is not a directory on this machine",
+            hint="point python.wheelhouse at a local folder of wheels (pip download -d DIR ...)",
+        )
+    return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WHEEL_SUFFIXES))
+
+
+def wheelhouse(ctx: Context) -> Operation:
+    """Upload the topology's wheelhouse, skipping files already there with the same sha256."""
+    if not ctx.topo.python.wheelhouse:
+        yield Noop("no python.wheelhouse: packages come from the index")
+        return
+    if not (ctx.runs_pdctl or ctx.vllm) or ctx.venv is None:
+        yield Noop("nothing to install on this node")
+        return
+    there = ctx.facts.get(FileHashes(ctx.remote_wheelhouse))
+    missing = [f for f in ctx.wheelhouse if there.get(f.name) != local_hash(f)]
+    if not missing:
+        yield Noop(f"{len(ctx.wheelhouse)} wheels already in {ctx.remote_wheelhouse}")
+        return
+    for file in missing:
+        yield Put(file, f"{ctx.remote_wheelhouse}/{file.name}", f"upload {file.name}")
+    ctx.facts.forget(FileHashes(ctx.remote_wheelhouse))
+
+
+def requirements(ctx: Context) -> list[Requirement]:
+    py = ctx.topo.python
+    wanted = [f"vllm=={py.vllm_version}", f"nixl=={py.nixl_version}"] if ctx.vllm else []
+    try:
+        return [Requirement(r) for r in [*wanted, *py.packages]]
+    except InvalidRequirement as exc:
+        from pdctl.errors import Problem
+
+        raise TopologyError([Problem("topology", None, "python.packages", str(exc), "use pip syntax")]) from None
+
+
+def unmet(ctx: Context, reqs: list[Requirement]) -> list[Requirement]:
+    state = ctx.facts.get(venv_state(ctx, tuple(r.name for r in reqs)))
+    bad = []
+    for req in reqs:
+        have = state.version(req.name)
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            bad.append(req)
+    return bad
+
+
+def packages(ctx: Context) -> Operation:
+    """Install vLLM and NIXL at their pins (vLLM nodes) and `python.packages`, when any is missing or off."""
+    reqs = requirements(ctx)
+    if not reqs or not (ctx.runs_pdctl or ctx.vllm):
+        yield Noop("no packages to install here")
+        return
+    bad = unmet(ctx, reqs)
+    if not bad:
+        yield Noop(", ".join(str(r) for r in reqs) + " installed")
+        return
+    if ctx.venv is None:
+        raise PdctlError(
+            f"{ctx.node.name}: {', '.join(map(str, bad))} missing from the CLI's interpreter ({ctx.python})",
+            hint="install them there, or set python.venv so pdctl makes a venv with them",
+        )
+    args = " ".join(shlex.quote(str(r)) for r in bad)
+    yield Run(pip_install(ctx, args), f"pip install {' '.join(map(str, bad))}", timeout=3600)
+    ctx.facts.forget(venv_state(ctx, tuple(r.name for r in reqs)))
+    still = unmet(ctx, reqs)
+    if still:
+        raise PdctlError(
+            f"{ctx.node.name}: after installing, {', '.join(map(str, still))} is still not satisfied",
+            hint="another version may be pinned by a dependency; check `pip check` in the venv",
+        )
