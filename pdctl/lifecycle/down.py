@@ -1,0 +1,101 @@
+"""`down`: stop everything of a deployment, then prove it: no process with its marker, its ports free, and on
+GPU hosts no GPU memory held by it. Works without the state file and is safe to run twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+from pdctl.errors import LaunchError, StateError
+from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.host import ListeningPorts
+from pdctl.lifecycle.stop import stop_all
+from pdctl.nodes import launch
+from pdctl.plan import MARKER, plan
+from pdctl.remote.base import Transport
+from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.sshconnect import SshOptions
+from pdctl.state import StateStore
+from pdctl.topology import Topology
+
+PORT_GRACE_S = 5.0
+GPU_PIDS = "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null"
+
+
+@dataclass
+class DownReport:
+    name: str
+    stopped: dict[str, list[int]] = field(default_factory=dict)
+    state_file_found: bool = False
+
+    @property
+    def nothing_was_running(self) -> bool:
+        return not any(self.stopped.values())
+
+
+def down(
+    topo: Topology, console: Console, *, ssh: SshOptions | None = None, timeout: float = launch.STOP_TIMEOUT_S
+) -> DownReport:
+    """Stop `topo`'s processes (router, prefills, decodes, then anything else carrying its marker) and verify."""
+    store = StateStore(topo.name)
+    try:
+        state = store.load()
+    except StateError as exc:
+        console.print(f"[yellow]warning[/]: {exc.message}; finding processes by their marker instead")
+        state = None
+    specs = plan(topo)
+    report = DownReport(topo.name, state_file_found=state is not None)
+    with connected(topo.nodes, ssh) as hosts:
+        report.stopped = stop_all(topo, specs, hosts, state, console, timeout=timeout, stragglers=True)
+        _verify(topo, hosts)
+    store.delete()
+    if report.nothing_was_running:
+        console.print(f"{topo.name}: nothing was running")
+    return report
+
+
+def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
+    specs = plan(topo)
+    layouts = layouts_from_env()
+    ports_by_node: dict[str, set[int]] = {}
+    for spec in specs:
+        ports_by_node.setdefault(spec.node, set()).update(spec.ports)
+
+    def check(node: str) -> list[str]:
+        transport = hosts[node]
+        problems = [f"{node}: {p.process or 'pid'} {p.pid} still running" for p in
+                    transport.find_by_marker(topo.name, node)]
+        deadline = time.monotonic() + PORT_GRACE_S
+        while True:
+            listening = gather(transport, [ListeningPorts()], layout_for(layouts, node))[ListeningPorts().key()]
+            busy = sorted(ports_by_node.get(node, set()) & set(listening))
+            if not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        problems += [f"{node}: port {p} still in use (by a process without the marker)" for p in busy]
+        if topo.engine == "vllm":
+            problems += _gpu_holders(transport, topo.name, node)
+        return problems
+
+    problems = [p for found in parallel(sorted(ports_by_node), check).values() for p in found]
+    if problems:
+        raise LaunchError(
+            f"{topo.name} is not completely down:\n  " + "\n  ".join(problems),
+            hint="run `pdctl down` again; if it persists, look at the processes named above",
+        )
+
+
+def _gpu_holders(transport: Transport, deployment: str, node: str) -> list[str]:
+    pids = [p.strip() for p in transport.run(GPU_PIDS).stdout.split() if p.strip().isdigit()]
+    if not pids:
+        return []
+    marker = f"{MARKER}={deployment}"
+    script = "; ".join(
+        f"grep -qzx '{marker}' /proc/{pid}/environ 2>/dev/null && echo {pid}" for pid in pids
+    )
+    held = transport.run(script + "; true").stdout.split()
+    return [f"{node}: pid {pid} of {deployment} still holds GPU memory" for pid in held]

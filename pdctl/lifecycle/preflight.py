@@ -1,0 +1,48 @@
+"""Before anything starts: every host reachable (connecting proves it), ports free, GPUs present for vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pdctl.errors import LaunchError
+from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.gpu import Gpus, NvidiaSmi
+from pdctl.facts.host import ListeningPorts
+from pdctl.plan import ProcessSpec
+from pdctl.remote.base import Transport
+from pdctl.remote.hosts import parallel
+from pdctl.topology import Topology
+
+
+def preflight(topo: Topology, to_start: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
+    """Raise LaunchError listing every port in use and every missing GPU among the processes about to start."""
+    nodes = sorted({s.node for s in to_start})
+    if not nodes:
+        return
+    layouts = layouts_from_env()
+    want_gpus = topo.engine == "vllm"
+
+    def probe(node: str) -> tuple[list[int], Gpus | None]:
+        facts = [ListeningPorts(), *([NvidiaSmi()] if want_gpus else [])]
+        values = gather(hosts[node], facts, layout_for(layouts, node))
+        return values[facts[0].key()], values[facts[1].key()] if want_gpus else None
+
+    found = parallel(nodes, probe)
+    problems: list[str] = []
+    for spec in to_start:
+        listening, gpus = found[spec.node]
+        busy = [p for p in spec.ports if p in listening]
+        if busy:
+            problems.append(f"{spec.node}: port {', '.join(map(str, busy))} needed by {spec.name} is in use")
+        if gpus is not None and spec.gpus:
+            have = {g.index for g in gpus.gpus}
+            missing = sorted(set(spec.gpus) - have)
+            if missing:
+                why = f" ({gpus.error})" if gpus.error else f" (the node has {sorted(have) or 'none'})"
+                problems.append(f"{spec.node}: GPU {', '.join(map(str, missing))} for {spec.name} not found{why}")
+    if problems:
+        raise LaunchError(
+            "preflight failed:\n  " + "\n  ".join(problems),
+            hint=f"free the ports (a previous deployment? `pdctl down -t <topology>` for {topo.name}) "
+            "or change them in the topology",
+        )

@@ -1,0 +1,149 @@
+"""The smoke test `up` ends with: a two-turn conversation through the router; turn 2 must reuse decode's KV.
+
+The router says what happened in the `X-PD-KV-Reuse: hit|partial|miss;tokens=N;reason=...` header. With
+`connector.bidirectional_kv_xfer` on, anything but `hit` on turn 2 fails `up` with the likely causes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from pdctl.errors import SmokeTestError
+from pdctl.topology import Topology
+
+HEADER = "x-pd-kv-reuse"
+# Long enough that turn 2's history is well over kv_recompute_threshold tokens on any tokenizer.
+FIRST = (
+    "We are testing a disaggregated serving deployment. "
+    + " ".join(f"Item {i} of the list is the word {w}." for i, w in enumerate(
+        ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+         "kestrel", "lumen", "marble", "nectar", "onyx", "prairie", "quartz", "raven", "saffron", "tundra"]))
+    + " Repeat the first three words."
+)
+SECOND = "Now name the last word of the list."
+
+
+@dataclass(frozen=True)
+class Reuse:
+    kind: str
+    tokens: int
+    reason: str
+
+    @classmethod
+    def parse(cls, header: str | None) -> Reuse:
+        if not header:
+            return cls("absent", 0, "no X-PD-KV-Reuse header")
+        kind, *params = header.split(";")
+        fields = dict(p.strip().split("=", 1) for p in params if "=" in p)
+        tokens = fields.get("tokens", "0")
+        return cls(kind.strip(), int(tokens) if tokens.isdigit() else 0, fields.get("reason", ""))
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    conversation_id: str
+    turn1: Reuse
+    turn2: Reuse
+    required_hit: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def smoke_test(topo: Topology, router_url: str, timeout: float = 120.0) -> SmokeResult:
+    """Run the two turns; raise SmokeTestError when turn 2 is not a hit and bidirectional transfer is on."""
+    cid = f"pdctl-smoke-{uuid.uuid4().hex[:12]}"
+    headers = _auth_headers(topo)
+    messages: list[dict[str, str]] = [{"role": "user", "content": FIRST}]
+    with httpx.Client(base_url=router_url, timeout=timeout, headers=headers) as client:
+        reply, turn1 = _turn(client, topo, cid, messages, 1)
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": SECOND}]
+        _, turn2 = _turn(client, topo, cid, messages, 2)
+        stats = _stats(client)
+    required = any(topo.connector_for(d).bidirectional_kv_xfer for d in topo.decode)
+    result = SmokeResult(cid, turn1, turn2, required)
+    if required and turn2.kind != "hit":
+        raise SmokeTestError(_diagnose(topo, result, stats), hint=_HINT)
+    return result
+
+
+def _turn(
+    client: httpx.Client, topo: Topology, cid: str, messages: list[dict[str, str]], n: int
+) -> tuple[str, Reuse]:
+    body = {
+        "model": topo.model.name,
+        "messages": messages,
+        "max_tokens": 16,
+        "temperature": 0,
+        "stream": False,
+        "conversation_id": cid,
+    }
+    try:
+        resp = client.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise SmokeTestError(
+            f"smoke test turn {n}: the router at {client.base_url} did not answer: {type(exc).__name__}: {exc}",
+            hint="read the router's log: `pdctl logs router`",
+        ) from None
+    if resp.status_code != 200:
+        raise SmokeTestError(
+            f"smoke test turn {n}: the router answered HTTP {resp.status_code}: {resp.text[:500]}",
+            hint="read the logs: `pdctl logs router`, `pdctl logs prefill-0`, `pdctl logs decode-0`",
+        )
+    try:
+        reply = resp.json()["choices"][0]["message"]["content"] or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise SmokeTestError(
+            f"smoke test turn {n}: not a chat completion: {resp.text[:300]}",
+            hint="is the router's upstream a vLLM-compatible server? `pdctl logs router`",
+        ) from None
+    return reply, Reuse.parse(resp.headers.get(HEADER))
+
+
+def _stats(client: httpx.Client) -> dict[str, Any]:
+    try:
+        data = client.get("/stats").json()
+        return data if isinstance(data, dict) else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _diagnose(topo: Topology, result: SmokeResult, stats: dict[str, Any]) -> str:
+    t2 = result.turn2
+    lines = [
+        f"smoke test: turn 2 of conversation {result.conversation_id} was `{t2.kind}`"
+        f"{f' ({t2.reason})' if t2.reason else ''}, not a reuse hit, although "
+        "connector.bidirectional_kv_xfer is on.",
+        "Likely causes:",
+    ]
+    flags = {(topo.connector_for(i).bidirectional_kv_xfer, topo.connector_for(i).decoder_kv_blocks_ttl)
+             for _, _, i in topo.instances()}
+    if len(flags) > 1:
+        lines.append("  * the KV-transfer flags differ between prefill and decode (bidirectional_kv_xfer / ttl)")
+    else:
+        lines.append("  * the KV-transfer flags differ between prefill and decode (check `pdctl plan`)")
+    lines += [
+        "  * decode returns no kv_transfer_params in streaming responses (vLLM older than 0.33.0 "
+        "without pdctl's compatibility patch)",
+        "  * the decode's NIXL side channel is unreachable from prefill (firewall, wrong "
+        "VLLM_NIXL_SIDE_CHANNEL_HOST); `pdctl status` shows NIXL failures",
+    ]
+    reasons = stats.get("reuse_reasons")
+    if reasons:
+        lines.append(f"router reuse reasons so far: {reasons}")
+    return "\n".join(lines)
+
+
+_HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"
+
+
+def _auth_headers(topo: Topology) -> dict[str, str]:
+    import os
+
+    env = topo.router.api_key_env
+    key = os.environ.get(env) if env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}

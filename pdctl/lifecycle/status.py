@@ -1,0 +1,185 @@
+"""`status` as data: per process (alive, health, uptime, engine metrics, GPU memory) and the router's reuse.
+
+Rendering lives in `status_view`; `--json` is `StatusReport.to_json()` of the same objects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdctl.nodes import launch
+from pdctl.plan import ProcessSpec, plan
+from pdctl.remote.base import Transport
+from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.procs import HostProcess
+from pdctl.remote.sshconnect import SshOptions
+from pdctl.state import StateStore
+from pdctl.topology import Topology
+
+GPU_APPS = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null"
+
+# Prometheus sample name (counters without their _total suffix added by the parser) -> EngineMetrics field
+_SAMPLES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:nixl_xfer_time_seconds_count": "nixl_transfers",
+    "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
+    "vllm:nixl_num_failed_transfers_total": "nixl_failures",
+    "vllm:nixl_num_failed_transfers": "nixl_failures",
+    "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
+    "vllm:nixl_num_kv_expired_reqs": "kv_expired",
+}
+
+
+@dataclass
+class EngineMetrics:
+    running: float = 0
+    waiting: float = 0
+    kv_cache_usage: float = 0
+    nixl_transfers: float = 0
+    nixl_bytes: float = 0
+    nixl_failures: float = 0
+    kv_expired: float = 0
+
+
+@dataclass
+class ProcessStatus:
+    name: str
+    role: str
+    node: str
+    host: str
+    url: str
+    pid: int | None
+    unit: str | None
+    alive: bool
+    health: str
+    uptime_s: float | None
+    log_path: str
+    metrics: EngineMetrics | None = None
+    gpu_memory_mib: int | None = None
+
+
+@dataclass
+class RouterStatus:
+    url: str
+    requests_total: int = 0
+    hit: int = 0
+    partial: int = 0
+    miss: int = 0
+    hit_rate: float = 0.0
+    reused_tokens_total: int = 0
+    live_handles: int = 0
+    error: str | None = None
+
+
+@dataclass
+class StatusReport:
+    name: str
+    state_file: str | None
+    processes: list[ProcessStatus] = field(default_factory=list)
+    router: RouterStatus | None = None
+    strays: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self.processes) and all(p.alive and p.health == "ok" for p in self.processes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "healthy": self.healthy}
+
+
+def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
+    """Everything `pdctl status` shows, read from the hosts, the engines and the router right now."""
+    specs = plan(topo)
+    store = StateStore(topo.name)
+    state = store.load()
+    records = state.processes if state else {}
+    report = StatusReport(topo.name, str(store.path) if state else None)
+    with connected(topo.nodes, ssh) as hosts:
+        nodes = sorted({s.node for s in specs})
+        live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
+        gpu = parallel(nodes, lambda n: _gpu_memory(hosts[n], live[n])) if topo.engine == "vllm" else {}
+    by_name = {s.name: s for s in specs}
+    rows = parallel(list(by_name), lambda n: _process(by_name[n], live[by_name[n].node], records, gpu))
+    report.processes = [rows[s.name] for s in specs]
+    for node, procs in live.items():
+        report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
+    router = next(s for s in specs if s.role == "router")
+    report.router = router_stats(router.url)
+    return report
+
+
+def _process(
+    spec: ProcessSpec,
+    live: Mapping[str, list[HostProcess]],
+    records: Mapping[str, Any],
+    gpu: Mapping[str, dict[str, int]],
+) -> ProcessStatus:
+    record = records.get(spec.name)
+    lead = launch.leader(live.get(spec.name, []), record)
+    alive = lead is not None
+    verdict = launch.health(spec.health_url, timeout=2.0) if alive else "down"
+    uptime = time.time() - record.started_at if record is not None and alive else None
+    metrics = engine_metrics(spec.url) if alive and spec.role != "router" and verdict == "ok" else None
+    return ProcessStatus(
+        name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
+        pid=lead.pid if lead else None, unit=record.unit if record else None, alive=alive, health=verdict,
+        uptime_s=uptime, log_path=spec.log_path, metrics=metrics,
+        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name),
+    )
+
+
+def engine_metrics(url: str) -> EngineMetrics | None:
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=3.0).text
+    except httpx.HTTPError:
+        return None
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> EngineMetrics:
+    """Sum every sample of the metrics pdctl shows (vLLM labels them per engine and model)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = _SAMPLES.get(sample.name)
+            if name is not None:
+                values[name] = values.get(name, 0.0) + float(sample.value)
+    return EngineMetrics(**values)
+
+
+def router_stats(url: str) -> RouterStatus:
+    try:
+        data = httpx.get(f"{url}/stats", timeout=3.0).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return RouterStatus(url, error=type(exc).__name__)
+    reuse = data.get("reuse") or {}
+    return RouterStatus(
+        url=url,
+        requests_total=int(data.get("requests_total", 0)),
+        hit=int(reuse.get("hit", 0)),
+        partial=int(reuse.get("partial", 0)),
+        miss=int(reuse.get("miss", 0)),
+        hit_rate=float(data.get("hit_rate") or 0.0),
+        reused_tokens_total=int(data.get("reused_tokens_total", 0)),
+        live_handles=int(data.get("live_handles", 0)),
+    )
+
+
+def _gpu_memory(transport: Transport, live: Mapping[str, list[HostProcess]]) -> dict[str, int]:
+    """MiB of GPU memory per process name, summing its children (vLLM's engine cores hold the memory)."""
+    owner = {p.pid: name for name, procs in live.items() for p in procs}
+    used: dict[str, int] = {}
+    for line in transport.run(GPU_APPS).stdout.splitlines():
+        cols = [c.strip() for c in line.split(",")]
+        if len(cols) == 2 and cols[0].isdigit() and cols[1].isdigit() and int(cols[0]) in owner:
+            name = owner[int(cols[0])]
+            used[name] = used.get(name, 0) + int(cols[1])
+    return used

@@ -1,0 +1,56 @@
+"""Rendering a StatusReport for people; programs get `StatusReport.to_json()`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from pdctl.lifecycle.status import StatusReport
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render_status(report: StatusReport, console: Console) -> None:
+    table = Table(title=f"{report.name}", title_justify="left", header_style="bold")
+    cols = ("process", "node", "pid/unit", "alive", "health", "uptime", "run/wait", "KV use", "NIXL xfers",
+            "NIXL fail", "expired", "GPU MiB")
+    for col in cols:
+        table.add_column(col, overflow="fold")
+    for p in report.processes:
+        m = p.metrics
+        table.add_row(
+            p.name,
+            f"{p.node} ({p.host})",
+            p.unit or (str(p.pid) if p.pid else "-"),
+            Text("yes", style="green") if p.alive else Text("no", style="red"),
+            Text(p.health, style="green" if p.health == "ok" else "red"),
+            _dur(p.uptime_s),
+            f"{m.running:g}/{m.waiting:g}" if m else "-",
+            f"{m.kv_cache_usage:.1%}" if m else "-",
+            f"{m.nixl_transfers:g}" if m else "-",
+            Text(f"{m.nixl_failures:g}", style="red" if m.nixl_failures else "") if m else "-",
+            f"{m.kv_expired:g}" if m else "-",
+            str(p.gpu_memory_mib) if p.gpu_memory_mib is not None else "-",
+        )
+    console.print(table)
+    r = report.router
+    if r is not None:
+        if r.error:
+            console.print(f"router {r.url}: [red]stats unavailable[/] ({r.error})", highlight=False)
+        else:
+            console.print(
+                f"router {r.url}: {r.requests_total} requests, reuse hit {r.hit} / partial {r.partial} / "
+                f"miss {r.miss}, hit rate {r.hit_rate:.1%}, {r.reused_tokens_total} tokens reused, "
+                f"{r.live_handles} live handles",
+                highlight=False,
+            )
+    for stray in report.strays:
+        console.print(f"[yellow]not in the topology but running[/]: {stray}", highlight=False)
+    if report.state_file is None:
+        console.print("[dim]no state file: pids and uptime come from the hosts alone[/]")

@@ -1,0 +1,147 @@
+"""`up`: plan -> connect -> what already runs -> preflight -> provision -> decodes, prefills -> health ->
+router -> health -> smoke test -> state. A second `up` on a running deployment verifies and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rich.console import Console
+
+from pdctl.errors import LaunchError
+from pdctl.lifecycle.preflight import preflight
+from pdctl.lifecycle.smoke import SmokeResult, smoke_test
+from pdctl.lifecycle.stop import stop_all
+from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
+from pdctl.nodes import launch
+from pdctl.plan import ProcessSpec, plan
+from pdctl.remote.base import Transport
+from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.procs import HostProcess
+from pdctl.remote.sshconnect import SshOptions
+from pdctl.state import DeploymentState, ProcessRecord, StateStore, argv_hash
+from pdctl.topology import Topology
+
+
+@dataclass
+class Deployment:
+    """What `up` leaves running."""
+
+    name: str
+    router_url: str
+    processes: dict[str, ProcessRecord]
+    started: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    smoke: SmokeResult | None = None
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    ssh: SshOptions | None = None
+    restart: bool = False
+    provision: bool = True
+    allow_reboot: bool = False
+    timeout: float | None = None
+    smoke: bool = True
+    check: HealthCheck = default_check
+
+
+def up(topo: Topology, console: Console, options: UpOptions | None = None) -> Deployment:
+    """Bring `topo` up (or verify it is up); progress goes to `console`, the result comes back."""
+    opts = options or UpOptions()
+    specs = plan(topo)
+    store = StateStore(topo.name)
+    state = store.load() or DeploymentState(name=topo.name, topology=topo.name)
+    with connected(topo.nodes, opts.ssh) as hosts:
+        if opts.restart:
+            console.print(f"restart: stopping {topo.name}")
+            stop_all(topo, specs, hosts, state, console)
+            state = DeploymentState(name=topo.name, topology=topo.name)
+        live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
+        to_start, kept = _decide(topo.name, specs, state, live)
+        store.save(state)
+        if to_start:
+            preflight(topo, to_start, hosts)
+            if opts.provision:
+                from pdctl.nodes.provision import provision
+
+                provision(topo, {n.name: hosts[n.name] for n in topo.nodes}, console, allow_reboot=opts.allow_reboot)
+        timeout = opts.timeout or (1800.0 if topo.engine == "vllm" else 120.0)
+        started: list[str] = []
+        try:
+            engines = [s for s in specs if s.role != "router"]
+            for role in ("decode", "prefill"):
+                started += _start(hosts, [s for s in to_start if s.role == role], topo.name, store, state, console)
+            wait_healthy(engines, hosts, topo.name, console, timeout=timeout, check=opts.check)
+            router = [s for s in specs if s.role == "router"]
+            started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
+            wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)
+        except LaunchError:
+            if started:
+                console.print(f"[red]launch failed[/]: stopping what this run started ({', '.join(started)})")
+                stop_all(topo, [s for s in specs if s.name in started], hosts, state, console)
+                for name in started:
+                    store.forget(state, name)
+            raise
+        router_url = router[0].url
+        state.router_url = router_url
+        store.save(state)
+        result = None
+        if opts.smoke:
+            console.print("smoke test: two turns through the router")
+            result = smoke_test(topo, router_url)
+            state.smoke = result.to_json()
+            store.save(state)
+            console.print(f"smoke test: turn 1 {result.turn1.kind}, turn 2 [green]{result.turn2.kind}[/] "
+                          f"({result.turn2.tokens} tokens reused)")
+    return Deployment(topo.name, router_url, dict(state.processes), started, kept, result)
+
+
+def _decide(
+    deployment: str,
+    specs: Sequence[ProcessSpec],
+    state: DeploymentState,
+    live: Mapping[str, dict[str, list[HostProcess]]],
+) -> tuple[list[ProcessSpec], list[str]]:
+    """Which specs must start; alive ones with the same argv are kept; alive with another argv is an error."""
+    to_start: list[ProcessSpec] = []
+    kept: list[str] = []
+    changed: list[str] = []
+    for spec in specs:
+        procs = live[spec.node].get(spec.name, [])
+        record = state.processes.get(spec.name)
+        if not procs:
+            state.processes.pop(spec.name, None)
+            to_start.append(spec)
+        elif record is not None and record.argv_hash == argv_hash(spec):
+            kept.append(spec.name)
+        else:
+            changed.append(spec.name)
+    if changed:
+        raise LaunchError(
+            f"{deployment}: {', '.join(changed)} already running with other settings (or not recorded in the "
+            "state file)",
+            hint="restart the deployment with the new topology: `pdctl up --restart`",
+        )
+    return to_start, kept
+
+
+def _start(
+    hosts: Mapping[str, Transport],
+    specs: Sequence[ProcessSpec],
+    deployment: str,
+    store: StateStore,
+    state: DeploymentState,
+    console: Console,
+) -> list[str]:
+    def one(spec: ProcessSpec) -> str:
+        record = launch.start(hosts[spec.node], spec, deployment)
+        store.record(state, record)
+        where = record.unit or f"pid {record.pid}"
+        console.print(f"started {spec.name} on {spec.node} ({where}), log {spec.log_path}", highlight=False)
+        return spec.name
+
+    by_name = {s.name: s for s in specs}
+    return list(parallel(by_name, lambda name: one(by_name[name])).values())
+
