@@ -36,6 +36,7 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 32 * 1024 * 1024,
     max_handles: Annotated[int, typer.Option(help="Most decode handles kept (least recently used go).")] = 4096,
     health_interval: Annotated[float, typer.Option(help="Seconds between upstream health checks.")] = 2.0,
+    sweep_interval: Annotated[float, typer.Option(help="Seconds between sweeps of expired handles.")] = 5.0,
     eject_after: Annotated[int, typer.Option(help="Consecutive failures that eject an upstream.")] = 3,
     load_factor: Annotated[float, typer.Option(help="Bounded-load cap, x the mean outstanding requests.")] = 1.25,
     request_timeout: Annotated[float, typer.Option(help="Seconds an upstream may take to answer.")] = 600.0,
@@ -50,8 +51,8 @@ def serve(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
         partial_reuse=partial_reuse, api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
-        max_handles=max_handles, health_interval=health_interval, eject_after=eject_after,
-        load_factor=load_factor, request_timeout=request_timeout,
+        max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
+        eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
     ))
     run(config, host, port, log_level.lower())
 

@@ -65,7 +65,10 @@ def message_key(message: Any) -> Hashable:
         for c in calls
         if isinstance(c, dict) and isinstance(c.get("function"), dict)
     )
-    return (message.get("role"), _text(message.get("content")), call_keys, message.get("tool_call_id"))
+    text = _text(message.get("content"))
+    if message.get("role") == "assistant" and text.startswith("<think>") and "</think>" in text:
+        text = text.split("</think>", 1)[1].strip()  # clients and chat templates drop reasoning from history
+    return (message.get("role"), text, call_keys, message.get("tool_call_id"))
 
 
 def _chain(root: int, items: Sequence[Hashable]) -> list[int]:

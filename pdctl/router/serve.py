@@ -28,6 +28,7 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -
     from pdctl.router.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call would drown the log
     fast = importlib.util.find_spec("uvloop") is not None and importlib.util.find_spec("httptools") is not None
     uvicorn.run(
         create_app(config),

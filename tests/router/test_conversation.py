@@ -27,6 +27,11 @@ def test_chat_continues_when_history_equals_messages_plus_reply() -> None:
               {"role": "assistant", "content": "hello there ", "reasoning_content": "hmm"},
               {"role": "user", "content": "more"}]
     assert index.derive_chat(edited).cid == "d:1"
+    thought = [*turn1, {"role": "assistant", "content": "<think>hmm</think>\n\nhello there"}]
+    index.add(index.derive_chat(turn1).reply_key({"content": "<think>x</think>hello there"}, None), "d:2")
+    assert index.derive_chat([*thought, {"role": "user", "content": "more"}]).cid == "d:2"
+    assert index.derive_chat(turn2).cid == "d:2"  # the reasoning-stripped history finds it too
+    index.discard(index.derive_chat(turn1).reply_key({"content": "hello there"}, None), "d:2")
     other = [SYS, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "bye"},
              {"role": "user", "content": "more"}]
     assert index.derive_chat(other).cid is None

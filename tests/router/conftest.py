@@ -1,0 +1,109 @@
+"""Router test fixtures: real simulator processes (tests.support.sim_procs) and a real router process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair
+
+SPEED = 1000
+BLOCK = 16
+
+
+@dataclass
+class RouterProc:
+    url: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def stats(self, **headers: str) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/stats", headers=headers, timeout=10).json()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+def start_router(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *args: str,
+                 env: dict[str, str] | None = None, name: str = "router") -> RouterProc:
+    port = free_port()
+    argv = [sys.executable, "-m", "pdctl", "router", "serve", "--host", "127.0.0.1", "--port", str(port),
+            *(a for u in prefill for a in ("--prefill", u)), *(a for u in decode for a in ("--decode", u)),
+            "--model", SERVED, "--block-size", str(BLOCK), "--health-interval", "0.5", *args]
+    log_path = Path(log_dir) / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    router = RouterProc(f"http://127.0.0.1:{port}", log_path, proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log_text()[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{router.url}/health", timeout=1).status_code == 200:
+                return router
+        time.sleep(0.05)
+    router.stop()
+    raise RuntimeError(f"router did not answer /health in 30s:\n{router.log_text()[-2000:]}")
+
+
+@contextlib.contextmanager
+def router_process(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *args: str,
+                   **kwargs: Any) -> Iterator[RouterProc]:
+    router = start_router(log_dir, prefill, decode, *args, **kwargs)
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+def corrupt(*sims: SimProc) -> float:
+    """The simulator's integrity oracle: reuses whose KV was not the prompt's prefix. Must stay 0."""
+    return sum(s.metric("pdctl_sim_corrupt_reuse_total") for s in sims)
+
+
+_UPSTREAM = re.compile(rb"127\.0\.0\.1:\d+")
+
+
+def assert_clean(raw: bytes, headers: httpx.Headers) -> None:
+    """Nothing internal reaches a client: no KV params, no token ids it did not ask for, no upstream hosts."""
+    assert b"kv_transfer_params" not in raw
+    assert b"token_ids" not in raw
+    assert not _UPSTREAM.search(raw)
+    assert not any(_UPSTREAM.search(v.encode()) for v in headers.values())
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPair]:
+    with sim_pair(tmp_path_factory.mktemp("pd"), speed=SPEED, block_size=BLOCK) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def router(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    with router_process(tmp_path_factory.mktemp("router"), [pd.prefill_url], [pd.decode_url]) as r:
+        yield r
