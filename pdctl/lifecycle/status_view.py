@@ -18,15 +18,15 @@ def _dur(seconds: float | None) -> str:
 
 def render_status(report: StatusReport, console: Console) -> None:
     table = Table(title=f"{report.name}", title_justify="left", header_style="bold")
-    cols = ("process", "node", "pid/unit", "alive", "health", "uptime", "run/wait", "KV use", "NIXL xfers",
-            "NIXL fail", "expired", "GPU MiB")
+    cols = ("process", "node", "pid", "alive", "health", "uptime", "run/wait", "KV", "xfers", "xfer fail",
+            "expired", "GPU MiB")
     for col in cols:
         table.add_column(col, overflow="fold")
     for p in report.processes:
         m = p.metrics
         table.add_row(
             p.name,
-            f"{p.node} ({p.host})",
+            p.node,
             p.unit or (str(p.pid) if p.pid else "-"),
             Text("yes", style="green") if p.alive else Text("no", style="red"),
             Text(p.health, style="green" if p.health == "ok" else "red"),

@@ -53,7 +53,10 @@ def wait_healthy(
     rows = {s.name: _Row(s) for s in specs}
     start = time.monotonic()
     polls = 0
-    with Live(_render(rows), console=console, transient=False, refresh_per_second=4) as live:
+    live_display = Live(_render(rows), console=console, transient=False, refresh_per_second=4)
+    if not console.is_terminal:
+        live_display = _Lines(console, rows)  # type: ignore[assignment]
+    with live_display as live:
         while True:
             pending = [r for r in rows.values() if r.ready_after is None]
             if not pending:
@@ -104,6 +107,29 @@ def _not_ready(specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport], tim
         hint="raise the limit with `pdctl up --timeout SECONDS` (a large model loads for minutes), "
         "or read the logs with `pdctl logs <process>`",
     )
+
+
+class _Lines:
+    """Stand-in for `Live` where the console is not a terminal (logs, CI): one line per process when ready."""
+
+    def __init__(self, console: Console, rows: dict[str, _Row]) -> None:
+        self.console = console
+        self.rows = rows
+        self.said: set[str] = set()
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, _renderable: object) -> None:
+        for row in self.rows.values():
+            if row.ready_after is not None and row.spec.name not in self.said:
+                self.said.add(row.spec.name)
+                self.console.print(
+                    f"{row.spec.name} on {row.spec.node}: healthy after {row.ready_after:.1f}s", highlight=False
+                )
 
 
 def _render(rows: dict[str, _Row]) -> Group:

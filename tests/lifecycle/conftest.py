@@ -1,0 +1,68 @@
+"""Deployments of the simulator on this machine (local transport) with free ports and a private PDCTL_HOME."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pdctl.lifecycle import down
+from pdctl.topology import Topology, load
+from tests.conftest import free_port
+
+MakeTopo = Callable[..., Topology]
+
+
+def topology_yaml(name: str, work: Path, *, python_venv: str | None = None, nodes: list[dict[str, object]]
+                  | None = None, placement: tuple[str, str, str] = ("local", "local", "local")) -> str:
+    nodes = nodes or [{"name": "local", "address": "127.0.0.1", "transport": "local"}]
+    node_lines = "\n".join("  - {" + ", ".join(f"{k}: {v}" for k, v in n.items()) + "}" for n in nodes)
+    p, d, r = placement
+    venv = python_venv if python_venv is not None else "null"
+    return f"""name: {name}
+engine: sim
+nodes:
+{node_lines}
+model: {{id: Qwen/Qwen3-32B, served_name: Qwen, max_model_len: 32768, max_num_seqs: 8, block_size: 16}}
+prefill:
+  - {{node: {p}, port: {free_port()}, side_channel_port: {free_port()}, prefix_caching: false}}
+decode:
+  - {{node: {d}, port: {free_port()}, side_channel_port: {free_port()}}}
+router: {{node: {r}, port: {free_port()}}}
+sim: {{speed: 200, num_blocks: 4000}}
+python: {{venv: {venv}}}
+work_dir: {work}
+"""
+
+
+@pytest.fixture
+def console() -> Console:
+    return Console(stderr=True, width=120, color_system=None)
+
+
+@pytest.fixture
+def pdctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("PDCTL_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def make_topo(tmp_path: Path, pdctl_home: Path, console: Console) -> Iterator[MakeTopo]:
+    """Write and load a unique local sim topology; every one made is taken down at the end of the test."""
+    made: list[Topology] = []
+
+    def make(**kw: object) -> Topology:
+        name = f"lc-{uuid.uuid4().hex[:8]}"
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(topology_yaml(name, tmp_path / "work", **kw))  # type: ignore[arg-type]
+        topo = load(path)
+        made.append(topo)
+        return topo
+
+    yield make
+    for topo in made:
+        down(topo, console, timeout=5)
