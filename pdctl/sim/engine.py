@@ -222,9 +222,9 @@ class Engine:
         if pulled != expected:
             where = next((i for i, (a, b) in enumerate(zip(pulled, expected, strict=False)) if a != b), len(pulled))
             self.metrics.lab(self.metrics.corrupt).inc()
-            log.warning("pdctl-sim: corrupt KV reuse in request %s: %d tokens read from engine %s (request %s) "
-                        "differ from the prompt from position %d on", req.request_id, count,
-                        params.get("remote_engine_id"), params.get("remote_request_id"), hit + where)
+            log.warning("pdctl-sim: corrupt KV reuse in request %s: %d tokens read from engine %s (request %s, "
+                        "blocks %s) differ from the prompt from position %d on", req.request_id, count,
+                        params.get("remote_engine_id"), params.get("remote_request_id"), remote_ids, hit + where)
         held = list(seq)
         held[hit:limit] = pulled + [-1] * (count - len(pulled))
         return count, read_ms, held
