@@ -26,7 +26,8 @@ def test_expired_handle_is_declined_then_recomputed_or_failed(tmp_path: Path) ->
         assert r.status_code == 200
         assert r.json()["kv_transfer_params"]["do_remote_prefill"] is True
         assert pair.prefill.metric(EXPIRED) == 1 and pair.prefill.metric(READS) == 0
-        line = f"Declining expired remote read for {handle['remote_request_id']} from engine {handle['remote_engine_id']}."
+        rid, eid = handle["remote_request_id"], handle["remote_engine_id"]
+        line = f"Declining expired remote read for {rid} from engine {eid}."
         assert line in pair.prefill.log_text()
         with sim_process(tmp_path, "prefill", name="prefill-fail", policy="fail") as strict:
             r = prefill(strict.url, _turn2(chunks, turn1), as_hit(handle))
