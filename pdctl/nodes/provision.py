@@ -157,14 +157,17 @@ def provision(
     *,
     allow_reboot: bool = False,
     layouts: Mapping[str, HostLayout] | None = None,
+    wheel: ship.Wheel | None = None,
 ) -> list[HostReport]:
     """Provision `hosts` (node name -> transport) for `topo`; raises a `PdctlError` naming every host that failed.
 
-    `layouts` (default: from $PDCTL_HOST_LAYOUT) say where a host keeps its tools and system files.
+    `layouts` (default: from $PDCTL_HOST_LAYOUT) say where a host keeps its tools and system files; `wheel`
+    is pdctl's own wheel to ship (default: built now from the running pdctl).
     """
     layouts = layouts_from_env() if layouts is None else layouts
     with tempfile.TemporaryDirectory(prefix="pdctl-wheel-") as tmp:
-        wheel = ship.build_wheel(Path(tmp)) if topo.python.venv else None
+        if wheel is None and topo.python.venv:
+            wheel = ship.build_wheel(Path(tmp))
         ctxs = [c for c in contexts(topo, layouts, allow_reboot=allow_reboot, wheel=wheel) if c.node.name in hosts]
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
         with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:

@@ -100,22 +100,21 @@ def ship(ctx: Context) -> Operation:
     remote = f"{ctx.topo.work_dir.rstrip('/')}/wheels/{wheel.path.name}"
     yield Put(wheel.path, remote, f"upload {wheel.path.name}")
     whl = path(remote)
+    record = f"echo {wheel.sha256} > {path(ctx.venv)}/{SHIPPED_SHA}"
+    # importing pdctl.cli proves the dependencies are there too; only when they are not does pip resolve them
+    probe = f"{path(ctx.python)} -c {shlex.quote('import pdctl.cli, pdctl; print(pdctl.__version__)')}"
     yield Run(
-        f"{pip_install(ctx, whl)} && {pip_install(ctx, '--no-deps --force-reinstall ' + whl)} && "
-        f"echo {wheel.sha256} > {path(ctx.venv)}/{SHIPPED_SHA}",
+        f"{pip_install(ctx, '--no-deps --force-reinstall ' + whl)} && "
+        f"{{ {probe} >/dev/null 2>&1 || {pip_install(ctx, whl)}; }} && {record}",
         f"install pdctl {wheel.version} in {ctx.venv}",
         timeout=900,
     )
     ctx.facts.forget(venv_state(ctx))
-    check = yield Run(
-        f"{path(ctx.python)} -c {shlex.quote('import pdctl; print(pdctl.__version__)')}",
-        "check the node's pdctl version",
-        check=False,
-    )
+    check = yield Run(probe, "check the node's pdctl version", check=False)
     got = check.stdout.strip().splitlines()[-1:] if check is not None else [wheel.version]
     if got != [wheel.version]:
         raise PdctlError(
             f"{ctx.node.name}: pdctl in {ctx.venv} reports {got[0] if got else 'nothing'}, "
-            f"the CLI is {wheel.version}",
+            f"the CLI is {wheel.version}: " + (check.stderr.strip()[-300:] if check is not None else ""),
             hint="another pdctl shadows the venv's (a .pth or PYTHONPATH); check `python -c 'import pdctl'` there",
         )

@@ -47,12 +47,18 @@ def venv(ctx: Context) -> Operation:
     if state.exists and state.python:
         yield Noop(f"{ctx.venv} has Python {state.python}")
         return
-    site = " --system-site-packages" if ctx.topo.python.system_site_packages else ""
     v = path(ctx.venv)
+    if ctx.topo.python.system_site_packages:
+        # the system's pip serves the venv too; seeding a private pip costs seconds per host
+        create = (
+            f"python3 -m venv --system-site-packages --without-pip {v} && "
+            f"{{ {v}/bin/python -m pip --version >/dev/null 2>&1 || {v}/bin/python -m ensurepip -q; }}"
+        )
+        uv = f"uv venv --system-site-packages {v}"
+    else:
+        create, uv = f"python3 -m venv {v}", f"uv venv --seed {v}"
     yield Run(
-        f"if command -v uv >/dev/null 2>&1; then uv venv --seed{site} {v}; else python3 -m venv{site} {v}; fi",
-        f"create venv {ctx.venv}",
-        timeout=300,
+        f"if command -v uv >/dev/null 2>&1; then {uv}; else {create}; fi", f"create venv {ctx.venv}", timeout=300
     )
     ctx.facts.forget(venv_state(ctx))
 
