@@ -97,13 +97,13 @@ def assert_clean(raw: bytes, headers: httpx.Headers) -> None:
     assert not any(_UPSTREAM.search(v.encode()) for v in headers.values())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPair]:
     with sim_pair(tmp_path_factory.mktemp("pd"), speed=SPEED, block_size=BLOCK) as pair:
         yield pair
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def router(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
     with router_process(tmp_path_factory.mktemp("router"), [pd.prefill_url], [pd.decode_url]) as r:
         yield r

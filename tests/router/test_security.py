@@ -15,7 +15,7 @@ from tests.support.sim_procs import SimPair
 KEY = "s3cret-" + uuid.uuid4().hex
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def secure(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
     with router_process(tmp_path_factory.mktemp("secure"), [pd.prefill_url], [pd.decode_url],
                         "--api-key-env", "PDCTL_TEST_ROUTER_KEY", "--max-body-bytes", "4096",
