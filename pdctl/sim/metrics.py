@@ -98,9 +98,10 @@ class TransferStats:
             post_ms = [x * 1e3 for x in self.post_s]
             mb = sum(self.nbytes) / 2**20
             total_s = sum(self.xfer_s)
+            descriptors = float(statistics.mean(self.descriptors))
             values = [n, round(statistics.mean(xfer_ms), 3), round(_p90(xfer_ms), 3),
                       round(statistics.mean(post_ms), 3), round(_p90(post_ms), 3), round(mb / n, 3),
-                      round(mb / total_s, 3) if total_s > 0 else 0.0, round(statistics.mean(self.descriptors), 1)]
+                      round(mb / total_s, 3) if total_s > 0 else 0.0, round(descriptors, 1)]
         else:
             values = [0, 0, 0, 0, 0, 0, 0, 0]
         keys = ["Num successful transfers", "Avg xfer time (ms)", "P90 xfer time (ms)", "Avg post time (ms)",
