@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from pdctl.errors import LaunchError, StateError
+from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle.stop import stop_all
 from pdctl.nodes import launch
 from pdctl.plan import MARKER, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.hosts import parallel, reachable
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
 from pdctl.topology import Topology
@@ -49,9 +49,17 @@ def down(
         state = None
     specs = plan(topo)
     report = DownReport(topo.name, state_file_found=state is not None)
-    with connected(topo.nodes, ssh) as hosts:
-        report.stopped = stop_all(topo, specs, hosts, state, console, timeout=timeout, stragglers=True)
+    with reachable(topo.nodes, ssh) as (hosts, unreachable):
+        mine = [s for s in specs if s.node in hosts]
+        report.stopped = stop_all(topo, mine, hosts, state, console, timeout=timeout, stragglers=True)
         _verify(topo, hosts)
+    if unreachable:
+        lines = "\n  ".join(str(e) for e in unreachable.values())
+        raise ConnectError(
+            ", ".join(sorted(unreachable)),
+            f"could not reach the host(s) to stop their processes (the others were stopped):\n  {lines}",
+            hint="bring the host back and rerun `pdctl down`; the state file is kept until then",
+        )
     store.delete()
     if report.nothing_was_running:
         console.print(f"{topo.name}: nothing was running")
@@ -59,7 +67,7 @@ def down(
 
 
 def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
-    specs = plan(topo)
+    specs = [s for s in plan(topo) if s.node in hosts]
     layouts = layouts_from_env()
     ports_by_node: dict[str, set[int]] = {}
     for spec in specs:

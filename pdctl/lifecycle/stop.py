@@ -46,7 +46,7 @@ def stop_all(
             if pids:
                 console.print(f"stopped {', '.join(by_node[node])} on {node} ({len(pids)} processes)")
     if stragglers:
-        nodes = sorted({n.name for n in topo.nodes})
+        nodes = sorted({n.name for n in topo.nodes if n.name in hosts})
         rest = parallel(nodes, lambda n: launch.stop(hosts[n], topo.name, n, None, timeout=timeout))
         for node, pids in rest.items():
             signalled.setdefault(node, []).extend(pids)

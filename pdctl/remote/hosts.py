@@ -54,20 +54,34 @@ def parallel(items: Iterable[K], fn: Callable[[K], T], max_workers: int = 16) ->
 @contextmanager
 def connected(nodes: Iterable[Node], options: SshOptions | None = None) -> Iterator[dict[str, Transport]]:
     """Transports for `nodes` by node name, connected in parallel, one per distinct host, closed at the end."""
+    with reachable(nodes, options, partial=False) as (hosts, _):
+        yield hosts
+
+
+@contextmanager
+def reachable(
+    nodes: Iterable[Node], options: SshOptions | None = None, *, partial: bool = True
+) -> Iterator[tuple[dict[str, Transport], dict[str, PdctlError]]]:
+    """Like `connected`, but with `partial` the hosts that fail are returned as errors instead of raised."""
     node_list = list(nodes)
     by_key: dict[tuple[str, str, str | None, int, str | None], list[Node]] = {}
     for n in node_list:
         by_key.setdefault((n.transport, n.address, n.user, n.port, n.ssh_alias), []).append(n)
     opened: dict[tuple[str, str, str | None, int, str | None], Transport] = {}
 
-    def _open(key: tuple[str, str, str | None, int, str | None]) -> Transport:
-        transport = connect(by_key[key][0], options)
-        opened[key] = transport
-        return transport
+    failed: dict[str, PdctlError] = {}
+
+    def _open(key: tuple[str, str, str | None, int, str | None]) -> None:
+        try:
+            opened[key] = connect(by_key[key][0], options)
+        except PdctlError as exc:
+            if not partial:
+                raise
+            failed.update({n.name: exc for n in by_key[key]})
 
     try:
         parallel(by_key, _open)
-        yield {n.name: opened[k] for k, group in by_key.items() for n in group}
+        yield {n.name: opened[k] for k, group in by_key.items() for n in group if k in opened}, failed
     finally:
         for transport in opened.values():
             transport.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,8 +12,10 @@ import pytest
 from rich.console import Console
 
 from pdctl.lifecycle import down
+from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology, load
 from tests.conftest import free_port
+from tests.support.netns import SshLab, unavailable
 
 MakeTopo = Callable[..., Topology]
 
@@ -53,16 +57,38 @@ def pdctl_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def make_topo(tmp_path: Path, pdctl_home: Path, console: Console) -> Iterator[MakeTopo]:
     """Write and load a unique local sim topology; every one made is taken down at the end of the test."""
-    made: list[Topology] = []
+    made: list[tuple[Topology, SshOptions | None]] = []
 
-    def make(**kw: object) -> Topology:
+    def make(ssh: SshOptions | None = None, **kw: object) -> Topology:
         name = f"lc-{uuid.uuid4().hex[:8]}"
         path = tmp_path / f"{name}.yaml"
         path.write_text(topology_yaml(name, tmp_path / "work", **kw))  # type: ignore[arg-type]
         topo = load(path)
-        made.append(topo)
+        made.append((topo, ssh))
         return topo
 
     yield make
-    for topo in made:
-        down(topo, console, timeout=5)
+    for topo, ssh in made:
+        if any(n.port != 22 for n in topo.nodes):
+            continue  # a test's deliberately dead host: that test checks `down` itself
+        down(topo, console, ssh=ssh, timeout=5)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"SSH test hosts: {reason}")
+    lab = SshLab.create(tmp_path_factory.mktemp("ssh-lab"), count=3)
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture(scope="session")
+def node_venv(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The venv the SSH hosts run pdctl from: this interpreter's packages (the hosts share this filesystem)."""
+    venv = tmp_path_factory.mktemp("node-venv") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    return str(venv)

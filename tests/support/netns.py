@@ -1,6 +1,6 @@
 """SSH test hosts: Linux network namespaces on a private bridge, each running a real OpenSSH server.
 
-`SshLab.create(tmp, count)` makes namespaces `pd<pid><letter>` with veth ends on a bridge in the root namespace
+`SshLab.create(tmp, count)` makes namespaces `pd<pid><lab letter><host letter>` with veth ends on a bridge in the root namespace
 (10.123.<x>.0/24, x chosen unused), `lo` up, and `/usr/sbin/sshd -D` inside each on a host key made here; one
 client key is authorized for root. The hosts share this machine's PID space and filesystem, which is why
 pdctl tags every process with its node. `close()` removes everything, also after a failed test; namespaces left
@@ -24,6 +24,7 @@ from pathlib import Path
 SSHD = "/usr/sbin/sshd"
 PREFIX = "pd"
 LOCK = Path("/tmp/pdctl-netns.lock")
+_labs = iter("abcdefghijklmnopqrstuvwxyz")
 
 
 def unavailable() -> str | None:
@@ -80,7 +81,7 @@ class SshLab:
         _keygen(client_key)
         (tmp / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        tag = f"{PREFIX}{os.getpid()}"
+        tag = f"{PREFIX}{os.getpid()}{next(_labs)}"
         LOCK.touch()
         with LOCK.open() as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -172,6 +173,8 @@ class SshLab:
         for host in self.hosts:
             self.stop_sshd(host)
             _kill_netns_pids(host.netns)
+            # Deleting our end removes the pair now; the namespace itself may linger while TIME_WAIT sockets do.
+            _ip("link", "del", f"{host.netns}v", check=False)
             _ip("netns", "del", host.netns, check=False)
         _ip("link", "del", self.bridge, check=False)
 
@@ -222,12 +225,12 @@ def _remove_stale() -> None:
     listing = _ip("netns", "list", check=False).stdout
     links = _ip("-o", "link", check=False).stdout
     names = set(re.findall(rf"^({PREFIX}\d+[a-z]+)\b", listing, re.M))
-    names |= set(re.findall(rf"^\d+: ({PREFIX}\d+br)[:@]", links, re.M))
+    names |= set(re.findall(rf"^\d+: ({PREFIX}\d+[a-z](?:br|[a-z]v))[:@]", links, re.M))
     for name in names:
         pid = int(re.match(rf"{PREFIX}(\d+)", name).group(1))  # type: ignore[union-attr]
         if pid == os.getpid() or Path(f"/proc/{pid}").exists():
             continue
-        if name.endswith("br"):
+        if name.endswith(("br", "v")):
             _ip("link", "del", name, check=False)
         else:
             _kill_netns_pids(name)

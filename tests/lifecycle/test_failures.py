@@ -1,0 +1,78 @@
+"""`up` interrupted or failing during the health wait: the error says why, and `down` leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from pdctl.errors import LaunchError
+from pdctl.lifecycle import UpOptions, down, up
+from pdctl.remote.local import LocalTransport
+from pdctl.state import StateStore
+from tests.lifecycle.conftest import MakeTopo
+
+pytestmark = pytest.mark.slow
+
+
+def _fake_venv(root: Path, body: str) -> str:
+    """A venv whose `bin/python` runs `body` (sh) instead of Python: for engines that never serve or crash."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True)
+    python = bin_dir / "python"
+    python.write_text(f"#!/bin/sh\n{body}\n")
+    python.chmod(0o755)
+    return str(root)
+
+
+def test_engine_that_dies_fails_up_with_its_log_and_leaves_nothing(
+    make_topo: MakeTopo, console: Console, tmp_path: Path
+) -> None:
+    venv = _fake_venv(tmp_path / "venv", 'echo "boom: CUDA out of memory while loading $5"; exit 1')
+    topo = make_topo(python_venv=venv)
+    with pytest.raises(LaunchError) as info:
+        up(topo, console, UpOptions(provision=False, timeout=60))
+    message = str(info.value)
+    assert "exited before it served" in message and "boom: CUDA out of memory while loading" in message
+    assert "pdctl logs" in info.value.hint
+    assert LocalTransport().find_by_marker(topo.name) == []
+    state = StateStore(topo.name).load()
+    assert state is not None and state.processes == {}
+
+
+def test_sigint_during_health_wait_then_down_leaves_nothing(
+    make_topo: MakeTopo, console: Console, tmp_path: Path
+) -> None:
+    venv = _fake_venv(tmp_path / "venv", "exec sleep 300")
+    topo = make_topo(python_venv=venv)
+    topo_file = tmp_path / f"{topo.name}.yaml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdctl", "up", "-t", str(topo_file), "--skip-provision", "--timeout", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ},
+    )
+    store = StateStore(topo.name)
+    try:
+        for _ in range(300):
+            state = store.load()
+            if state is not None and {"decode-0", "prefill-0"} <= set(state.processes):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("up never recorded its engines")
+        assert len(LocalTransport().find_by_marker(topo.name)) == 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err.decode()
+    report = down(topo, console)
+    assert len(report.stopped["local"]) == 2
+    assert LocalTransport().find_by_marker(topo.name) == []
+    assert not store.path.exists()
