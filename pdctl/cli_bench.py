@@ -56,7 +56,7 @@ def bench(
         Path | None, typer.Option("--input", help="Corpus for chat text: a text file or ShareGPT JSON.")
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Report directory; default bench-results/NAME-TIME.")
+        Path | None, typer.Option("--out", help="Report directory; default bench-out/NAME-TIME.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
     no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the warm-up conversation of each leg.")] = False,
@@ -112,7 +112,7 @@ def bench(
     with RichProgress(console) as progress:
         result = call(lambda: run_bench(opts, deployer, progress))
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = out_dir or Path("bench-results") / f"{result.topology}-{stamp}"
+    target = out_dir or Path("bench-out") / f"{result.topology}-{stamp}"
     files = call(lambda: report.write(result, target))
     if as_json_out:
         print(json.dumps(as_json(result, files), indent=1))
