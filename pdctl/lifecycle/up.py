@@ -77,6 +77,9 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
             router = [s for s in specs if s.role == "router"]
             started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
             wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: what started is recorded; `pdctl down -t <topology>` stops {topo.name}")
+            raise
         except LaunchError:
             if started:
                 console.print(f"[red]launch failed[/]: stopping what this run started ({', '.join(started)})")

@@ -22,7 +22,7 @@ from tests.lifecycle.conftest import MakeTopo
 pytestmark = pytest.mark.slow
 
 
-def test_up_status_up_again_down(make_topo: MakeTopo, console: Console) -> None:
+def test_up_status_up_again_down(make_topo: MakeTopo, console: Console, tmp_path: Path) -> None:
     topo = make_topo()
     dep = up(topo, console)
     assert dep.started == ["decode-0", "prefill-0", "router"]
@@ -45,6 +45,11 @@ def test_up_status_up_again_down(make_topo: MakeTopo, console: Console) -> None:
     render_status(report, wide)
     text = wide.file.getvalue()  # type: ignore[attr-defined]
     assert "decode-0" in text and "reuse hit 1 / partial 0 / miss 1" in text
+
+    logs = CliRunner().invoke(app, ["logs", "router", "-t", str(tmp_path / f"{topo.name}.yaml"), "-n", "200"])
+    assert logs.exit_code == 0 and "=== pdctl: starting at" in logs.stdout
+    unknown = CliRunner().invoke(app, ["logs", "nope", "-t", str(tmp_path / f"{topo.name}.yaml")])
+    assert unknown.exit_code == 2 and "no process 'nope'" in unknown.stderr
 
     again = up(topo, console)
     assert again.started == [] and again.kept == ["decode-0", "prefill-0", "router"]
