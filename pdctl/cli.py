@@ -61,6 +61,7 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
 # Each area registers its commands from its own module (one line each, keep alphabetical).
 # e.g.: from pdctl.cli_router import register as _register_router; _register_router(app)
 from pdctl.cli_bench import register as _register_bench; _register_bench(app)  # noqa: E402, E702, I001
+from pdctl.cli_doctor import register as _register_doctor; _register_doctor(app)  # noqa: E402, E702, I001
 from pdctl.cli_lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
 from pdctl.cli_router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 

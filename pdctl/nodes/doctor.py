@@ -1,0 +1,184 @@
+"""`pdctl doctor`: the facts only, as a checklist per host: what is there, what is missing, what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
+from rich.table import Table
+
+import pdctl
+from pdctl.facts.base import Fact, HostLayout, gather, layouts_from_env
+from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
+from pdctl.facts.gpu import NvidiaSmi
+from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
+from pdctl.facts.python import VllmCompat
+from pdctl.nodes.provision import contexts
+from pdctl.operations import efa as efa_op
+from pdctl.operations import model, python
+from pdctl.operations.base import Context
+from pdctl.plan import plan
+from pdctl.remote.base import Transport
+from pdctl.topology import Topology
+
+Status = Literal["ok", "fail", "info"]
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    value: str
+    fix: str = ""
+
+
+@dataclass
+class HostChecks:
+    node: str
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool | None, value: str, fix: str = "") -> None:
+        status: Status = "info" if ok is None else "ok" if ok else "fail"
+        self.checks.append(Check(name, status, value, "" if ok else fix))
+
+
+@dataclass
+class DoctorReport:
+    hosts: list[HostChecks]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for h in self.hosts for c in h.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts]}
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        mark = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "info": "[dim]·[/]"}
+        for host in self.hosts:
+            table = Table(title=f"[bold]{escape(host.node)}[/]", title_justify="left", show_header=False, box=None)
+            for c in host.checks:
+                table.add_row(mark[c.status], c.name, escape(c.value), f"[dim]{escape(c.fix)}[/]")
+            yield table
+
+
+def facts_for(ctx: Context) -> list[Fact[Any]]:
+    disk = ctx.topo.hf_home if ctx.vllm and ctx.topo.hf_home else ctx.topo.work_dir
+    facts: list[Fact[Any]] = [OsRelease(), Arch(), Sudo(), Memlock(), DiskFree(disk), ListeningPorts()]
+    facts.append(python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))))
+    if ctx.vllm:
+        facts += [NvidiaSmi(), VllmCompat(ctx.python), model.snapshot_fact(ctx)]
+        if ctx.topo.efa.required:
+            facts += [InstallerVersion(), EfaModule(), FiInfo(), PeerMem()]
+    return facts
+
+
+def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
+    def get(fact: Fact[Any]) -> Any:
+        return values[fact.key()]
+
+    topo, out = ctx.topo, HostChecks(ctx.node.name)
+    os_info = get(OsRelease())
+    out.add("os", None, f"{os_info.pretty if os_info else 'unknown'} {get(Arch())}")
+    if ctx.vllm and topo.efa.required:
+        _efa_checks(ctx, get, out)
+    if ctx.vllm:
+        gpus = get(NvidiaSmi())
+        want = ctx.node.gpus
+        names = sorted({g.name for g in gpus.gpus})
+        out.add("gpus", len(gpus.gpus) >= max(want, 1), f"{len(gpus.gpus)}/{want or '≥1'} {', '.join(names)}"
+                if gpus.gpus else gpus.error or "none", "install the NVIDIA driver; check `nvidia-smi` on the node")
+        out.add("driver", gpus.driver is not None, gpus.driver or "none", "install the NVIDIA driver")
+    _python_checks(ctx, get, out)
+    if ctx.vllm:
+        snap = get(model.snapshot_fact(ctx))
+        out.add("model", snap.present, snap.path or f"{topo.model.id} not found", "`pdctl up` downloads it")
+    ports = sorted({p for s in plan(topo) if s.node == ctx.node.name for p in s.ports})
+    busy = [p for p in ports if p in get(ListeningPorts())]
+    out.add("ports", not busy, f"busy: {busy}" if busy else f"free: {ports}", "stop what listens (`pdctl down`?)")
+    free = get(DiskFree(topo.hf_home if ctx.vllm and topo.hf_home else topo.work_dir))
+    need = 100 * GIB if ctx.vllm and not topo.model.local_dir else GIB
+    out.add("disk", free is not None and free >= need, f"{(free or 0) / GIB:.0f} GiB free",
+            f"free space: at least {need // GIB} GiB is needed")
+    return out
+
+
+def _efa_checks(ctx: Context, get: Any, out: HostChecks) -> None:
+    efa = ctx.topo.efa
+    fabric = get(FiInfo())
+    out.add("efa devices", "efa" in fabric.providers and fabric.devices >= efa.devices,
+            f"{fabric.devices}/{efa.devices} provider {','.join(fabric.providers) or 'none'}"
+            + (f" ({fabric.error})" if fabric.error else ""),
+            "attach the EFA interfaces at launch; check fi_info -p efa -t FI_EP_RDM")
+    installed = get(InstallerVersion())
+    pinned = efa.installer_version
+    fresh = installed is not None and (not pinned or efa_op.version_tuple(installed) >= efa_op.version_tuple(pinned))
+    out.add("efa installer", fresh, installed or "not installed", f"`pdctl up` installs {pinned} (set efa.sha256)")
+    module = get(EfaModule())
+    out.add("efa module", module.loaded is not None and not module.reboot_pending,
+            f"loaded {module.loaded or 'none'}, installed {module.installed or 'none'}",
+            "reboot the node (`pdctl up --allow-reboot`)")
+    peer = get(PeerMem())
+    out.add("efa_nv_peermem", peer is not None, peer or "not loaded", "GPUDirect RDMA needs it: rerun the installer")
+    memlock = get(Memlock())
+    out.add("memlock", memlock is None, "unlimited" if memlock is None else f"{memlock} KiB",
+            "EFA needs unlimited locked memory (/etc/security/limits.d/01_efa.conf; units get LimitMEMLOCK)")
+
+
+def _python_checks(ctx: Context, get: Any, out: HostChecks) -> None:
+    reqs = python.requirements(ctx)
+    venv = get(python.venv_state(ctx, tuple(r.name for r in reqs)))
+    out.add("python", venv.python is not None, f"{ctx.venv_dir}: Python {venv.python}" if venv.python
+            else f"no venv at {ctx.venv_dir}", "`pdctl up` creates it")
+    for req in reqs:
+        have = venv.version(req.name)
+        good = have is not None and req.specifier.contains(have, prereleases=True)
+        value = f"{req.name} {have or 'missing'}"
+        if req.name == "nixl" and have:
+            backend = ctx.topo.connector.backend
+            good = good and backend in venv.nixl_plugins
+            value += f" (plugins: {', '.join(venv.nixl_plugins) or 'none'})"
+        out.add(req.name, good, value, f"`pdctl up` installs {req} (with its {ctx.topo.connector.backend} plugin)")
+    if ctx.venv and (ctx.runs_pdctl or ctx.vllm):
+        have = venv.version("pdctl")
+        out.add("pdctl", have == pdctl.__version__, f"{have or 'missing'} (CLI {pdctl.__version__})",
+                "`pdctl up` ships it")
+    if ctx.vllm:
+        state = get(VllmCompat(ctx.python))
+        out.add("kv_transfer_params streaming", state in ("native", "patched"), state or "unknown",
+                "`pdctl up` applies pdctl's patch" if state == "needs-patch" else "pin vLLM 0.33.0 or 0.26.0")
+
+
+def _same_versions(reports: dict[str, HostChecks], ctxs: list[Context], versions: dict[str, dict[str, str]]) -> None:
+    for name in ("vllm", "nixl", "torch"):
+        seen = {node: v[name] for node, v in versions.items() if v.get(name)}
+        if len(set(seen.values())) > 1:
+            value = ", ".join(f"{n}={v}" for n, v in sorted(seen.items()))
+            for node in seen:
+                reports[node].add(f"{name} on all hosts", False, value, "install the same version everywhere")
+
+
+def doctor(
+    topo: Topology, hosts: Mapping[str, Transport], layouts: Mapping[str, HostLayout] | None = None
+) -> DoctorReport:
+    """Read the facts of every host (in parallel) and judge them against the topology. Changes nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    layouts = layouts_from_env() if layouts is None else layouts
+    ctxs = [c for c in contexts(topo, layouts) if c.node.name in hosts]
+
+    def one(ctx: Context) -> tuple[HostChecks, dict[str, str]]:
+        values = gather(hosts[ctx.node.name], facts_for(ctx), ctx.layout)
+        venv = values[python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))).key()]
+        versions = {n: venv.version(n) for n in ("vllm", "nixl", "torch")} if ctx.vllm else {}
+        return host_checks(ctx, values), {k: v for k, v in versions.items() if v}
+
+    with ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
+        results = list(pool.map(one, ctxs))
+    reports = {r.node: r for r, _ in results}
+    _same_versions(reports, ctxs, {r.node: v for r, v in results})
+    return DoctorReport(list(reports.values()))
