@@ -132,11 +132,27 @@ def _diagnose(topo: Topology, result: SmokeResult, stats: dict[str, Any]) -> str
         "  * the decode's NIXL side channel is unreachable from prefill (firewall, wrong "
         "VLLM_NIXL_SIDE_CHANNEL_HOST); `pdctl status` shows NIXL failures",
     ]
+    specific = next((text for key, text in _BY_REASON.items() if key in t2.reason), None)
+    if specific:
+        lines.insert(1, f"Most likely: {specific}.")
     reasons = stats.get("reuse_reasons")
     if reasons:
         lines.append(f"router reuse reasons so far: {reasons}")
     return "\n".join(lines)
 
+
+# The router's miss reasons (X-PD-KV-Reuse reason=...) -> what usually causes them.
+_BY_REASON = {
+    "no_handle_returned": "decode returned no kv_transfer_params at the end of its stream (vLLM < 0.33.0 "
+    "without pdctl's compatibility patch, or bidirectional_kv_xfer off on decode)",
+    "expired": "decode's handle expired before turn 2 (router.handle_ttl or connector.decoder_kv_blocks_ttl "
+    "too short for this deployment)",
+    "previous_turn_failed": "turn 1's KV transfer failed (NIXL side channel unreachable, or backend "
+    "misconfigured); see `pdctl status` NIXL failures and the engine logs",
+    "prefix_diverged": "turn 2's prompt did not extend turn 1's tokens (chat template or tokenizer differs "
+    "between router and engines)",
+    "new_conversation": "the router did not tie the two turns together (conversation_id not honoured)",
+}
 
 _HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"
 

@@ -21,7 +21,8 @@ MakeTopo = Callable[..., Topology]
 
 
 def topology_yaml(name: str, work: Path, *, python_venv: str | None = None, nodes: list[dict[str, object]]
-                  | None = None, placement: tuple[str, str, str] = ("local", "local", "local")) -> str:
+                  | None = None, placement: tuple[str, str, str] = ("local", "local", "local"),
+                  router_extra: str = "", extra_yaml: str = "") -> str:
     nodes = nodes or [{"name": "local", "address": "127.0.0.1", "transport": "local"}]
     node_lines = "\n".join("  - {" + ", ".join(f"{k}: {v}" for k, v in n.items()) + "}" for n in nodes)
     p, d, r = placement
@@ -35,11 +36,11 @@ prefill:
   - {{node: {p}, port: {free_port()}, side_channel_port: {free_port()}, prefix_caching: false}}
 decode:
   - {{node: {d}, port: {free_port()}, side_channel_port: {free_port()}}}
-router: {{node: {r}, port: {free_port()}}}
+router: {{node: {r}, port: {free_port()}{router_extra}}}
 sim: {{speed: 200, num_blocks: 4000}}
 python: {{venv: {venv}}}
 work_dir: {work}
-"""
+{extra_yaml}"""
 
 
 @pytest.fixture

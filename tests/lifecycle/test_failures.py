@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pdctl.errors import LaunchError
+from pdctl.errors import LaunchError, SmokeTestError
 from pdctl.lifecycle import UpOptions, down, up
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
@@ -76,3 +76,24 @@ def test_sigint_during_health_wait_then_down_leaves_nothing(
     assert len(report.stopped["local"]) == 2
     assert LocalTransport().find_by_marker(topo.name) == []
     assert not store.path.exists()
+
+
+def test_smoke_test_fails_loudly_when_turn_two_does_not_reuse(make_topo: MakeTopo, console: Console) -> None:
+    # The router forgets decode's handle at once, so turn 2 cannot be a hit although bidirectional is on.
+    topo = make_topo(router_extra=", handle_ttl: 0.001")
+    with pytest.raises(SmokeTestError) as info:
+        up(topo, console, UpOptions(provision=False))
+    message = str(info.value)
+    assert "not a reuse hit, although connector.bidirectional_kv_xfer is on" in message
+    assert "Most likely: decode's handle expired before turn 2" in message
+    for cause in ("flags differ between prefill and decode", "no kv_transfer_params in streaming",
+                  "side channel is unreachable"):
+        assert cause in message
+    assert "`pdctl down` stops it" in info.value.hint
+    assert len(LocalTransport().find_by_marker(topo.name)) >= 3
+
+
+def test_smoke_test_does_not_require_a_hit_without_bidirectional(make_topo: MakeTopo, console: Console) -> None:
+    topo = make_topo(extra_yaml="connector: {bidirectional_kv_xfer: false}\n")
+    dep = up(topo, console, UpOptions(provision=False))
+    assert dep.smoke is not None and not dep.smoke.required_hit and dep.smoke.turn2.kind != "hit"
