@@ -97,3 +97,18 @@ def test_smoke_test_does_not_require_a_hit_without_bidirectional(make_topo: Make
     topo = make_topo(extra_yaml="connector: {bidirectional_kv_xfer: false}\n")
     dep = up(topo, console, UpOptions(provision=False))
     assert dep.smoke is not None and not dep.smoke.required_hit and dep.smoke.turn2.kind != "hit"
+
+
+def test_preflight_refuses_a_busy_port_before_starting_anything(make_topo: MakeTopo, console: Console) -> None:
+    import socket
+
+    topo = make_topo()
+    decode_port = topo.decode[0].port
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", decode_port))
+        busy.listen()
+        with pytest.raises(LaunchError) as info:
+            up(topo, console, UpOptions(provision=False))
+    assert f"local: port {decode_port} needed by decode-0 is in use" in str(info.value)
+    assert "pdctl down" in info.value.hint
+    assert LocalTransport().find_by_marker(topo.name) == []
