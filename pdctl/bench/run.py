@@ -63,14 +63,15 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
         workload={},
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    # Every leg's topology and the corpus are checked before anything is stopped or started.
+    topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
+    build(dataclasses.replace(opts.workload, lengths=(16,), conversations=1, turns=1))
     was_running = probe.healthy(endpoints(base).router_url)
     if opts.no_redeploy and not was_running:
         raise UsageError(
             f"{base.name} is not running (no answer from {endpoints(base).router_url}/health)",
             hint=f"start it with `pdctl up -t {opts.topology}`, or drop --no-redeploy",
         )
-    # Every leg's topology is checked before anything is stopped or started.
-    topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
     workload = opts.workload
     try:
         for spec, topo in zip(legs, topos, strict=True):

@@ -1,0 +1,53 @@
+"""Bad bench input is refused before anything is deployed, with a message that says how to fix it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdctl.bench.legs import DEFAULT_LEGS, LegSpec, parse_leg, parse_legs
+from pdctl.cli import app
+from pdctl.errors import UsageError
+
+
+def test_leg_syntax() -> None:
+    assert parse_leg("b128:model.block_size=128,prefill[*].prefix_caching=true") == LegSpec(
+        "b128", ("model.block_size=128", "prefill[*].prefix_caching=true")
+    )
+    assert parse_leg("gpus:prefill[0].gpus=[0,1],model.block_size=64").overrides == (
+        "prefill[0].gpus=[0,1]",
+        "model.block_size=64",
+    )
+    assert parse_leg("plain") == LegSpec("plain", ())
+    assert parse_legs(None) == list(DEFAULT_LEGS)
+    with pytest.raises(UsageError, match="bad override 'nonsense'"):
+        parse_leg("x:nonsense")
+    with pytest.raises(UsageError, match="repeated: a"):
+        parse_legs(["a:x=1", "a:y=2"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lengths", "2k"], "--lengths '2k' is not a list of integers"),
+        (["--api", "grpc"], "--api 'grpc' is not chat or completions"),
+        (["--turns", "0"], "--turns must be at least 1"),
+        (["--leg", "bad name:x=1"], "bad leg name"),
+        (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),
+        (["--no-redeploy", "--leg", "a:model.block_size=64"], "--leg overrides need a redeploy"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], message: str) -> None:
+    topo = Path(__file__).parents[2] / "configs" / "local-sim.yaml"
+    result = CliRunner().invoke(app, ["bench", "-t", str(topo), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_a_missing_corpus_is_refused_before_deploying(tmp_path: Path) -> None:
+    topo = Path(__file__).parents[2] / "configs" / "local-sim.yaml"
+    result = CliRunner().invoke(app, ["bench", "-t", str(topo), "--input", str(tmp_path / "nope.txt")])
+    assert result.exit_code == 2
+    assert "cannot read corpus" in result.stderr and "hint: pass an existing file" in result.stderr
