@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from pdctl.sim.config import ConfigError, SimConfig, parse_args
 
@@ -25,6 +26,15 @@ def _startup_lines(cfg: SimConfig) -> None:
         )
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where installed (uvicorn[standard] brings it), as `vllm serve` runs on it."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout,
@@ -41,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from pdctl.sim.server import serve
 
     try:
-        asyncio.run(serve(cfg))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(cfg))
     except OSError as e:
         print(f"Error: cannot listen: {e}. Pick free ports for --port and VLLM_NIXL_SIDE_CHANNEL_PORT.",
               file=sys.stderr)

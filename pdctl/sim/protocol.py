@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -183,6 +184,21 @@ def chunk(p: Parsed, rid: str, created: int, model: str, token: int | None, firs
         out["system_fingerprint"] = FINGERPRINT
     out["kv_transfer_params"] = kv if final else None
     return out
+
+
+_SENTINEL = -7777777
+
+
+def middle_template(p: Parsed, rid: str, created: int, model: str) -> str:
+    """The SSE line of a chunk that is neither first nor final, as a str.format template ({piece}, {tid}),
+    so that streaming costs one format call per token rather than a JSON encode."""
+    line = sse(chunk(p, rid, created, model, _SENTINEL, first=False, final=False))
+    line = line.replace("{", "{{").replace("}", "}}")
+    return line.replace(json.dumps(decode_piece(_SENTINEL))[1:-1], "{piece}").replace(str(_SENTINEL), "{tid}")
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 def usage_chunk(p: Parsed, rid: str, created: int, model: str, completion: int) -> dict[str, Any]:

@@ -26,9 +26,11 @@ from pdctl.sim import protocol
 from pdctl.sim.config import SimConfig
 from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.metrics import SimMetrics, log_stats
-from pdctl.sim.tokenizer import token_str
+from pdctl.sim.protocol import sse
+from pdctl.sim.tokenizer import decode_piece, token_str
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
+BATCH_CHUNKS = 16
 
 
 def _error(e: EngineError) -> JSONResponse:
@@ -127,15 +129,28 @@ class SimServer:
         last = len(run.output) - 1
         try:
             if p.chat:
-                yield _sse(protocol.chunk(p, rid, created, p.model, None, first=True, final=False))
+                yield sse(protocol.chunk(p, rid, created, p.model, None, first=True, final=False))
+            middle = protocol.middle_template(p, rid, created, p.model)
+            # With no delays to honour, several SSE events per write keep the server off the critical path.
+            batch, pending = run.pacer.scale == 0.0, []
             i = 0
             async for token in run.tokens():
-                kv = run.finish() if i == last else None
-                yield _sse(protocol.chunk(p, rid, created, p.model, token, first=i == 0 and not p.chat,
-                                          final=i == last, kv=kv))
+                if i == last:
+                    kv = run.finish()
+                    yield sse(protocol.chunk(p, rid, created, p.model, token, first=i == 0 and not p.chat,
+                                             final=True, kv=kv))
+                elif i == 0 and not p.chat:
+                    yield sse(protocol.chunk(p, rid, created, p.model, token, first=True, final=False))
+                elif batch:
+                    pending.append(middle.format(piece=decode_piece(token), tid=token))
+                    if len(pending) >= BATCH_CHUNKS or i + 1 == last:
+                        yield "".join(pending)
+                        pending.clear()
+                else:
+                    yield middle.format(piece=decode_piece(token), tid=token)
                 i += 1
             if p.include_usage:
-                yield _sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output)))
+                yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output)))
             yield "data: [DONE]\n\n"
         finally:
             run.abort()
@@ -179,10 +194,6 @@ class SimServer:
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + self.cfg.log_stats_interval
                 log_stats(self.metrics)
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 def _listen(host: str, port: int) -> socket.socket:
