@@ -11,6 +11,11 @@ from pdctl.cli_support import call
 router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)
 
 
+@router_app.callback()
+def _group() -> None:
+    """The KV-cache-aware P/D router (keeps `serve` a subcommand when run as `python -m pdctl.router`)."""
+
+
 @router_app.command("serve")
 def serve(
     prefill: Annotated[list[str], typer.Option("--prefill", help="Prefill instance URL (repeat for more).")],
