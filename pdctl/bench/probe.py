@@ -72,6 +72,9 @@ class KvMeter:
         self._samples: Samples = {}
         self._log_lines: dict[str, int] = {}
 
+    def metrics_available(self) -> bool:
+        return has_nixl(self._scrape())
+
     def start(self) -> None:
         self._samples = self._scrape()
         self._log_lines = {path: self._line_count(node, path) for node, path in self.ep.prefill_logs}

@@ -6,6 +6,7 @@ was found. `--no-redeploy` measures the running deployment as a single leg.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_t
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
 from pdctl.bench.workload import Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import UsageError
+from pdctl.remote.hosts import connected
 from pdctl.topology import Topology
 
 
@@ -120,13 +122,18 @@ def run_leg(
         return leg
     progress.leg_started(spec.name, sum(p.turns for p in plans))
     meter = probe.KvMeter(ep)
-    for length in workload.lengths:
-        convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
-        meter.start()
-        leg.records += asyncio.run(play(convs, client, spec.name, progress.request_done))
-        kv = meter.stop()
-        leg.kv_by_length[length] = kv
-        leg.kv = leg.kv + kv
+    with contextlib.ExitStack() as stack:
+        if not meter.metrics_available():
+            # Engines without NIXL Prometheus metrics: read their `KV Transfer metrics` log lines instead.
+            nodes = {node for node, _ in ep.prefill_logs}
+            meter.transports = stack.enter_context(connected(n for n in topo.nodes if n.name in nodes))
+        for length in workload.lengths:
+            convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
+            meter.start()
+            leg.records += asyncio.run(play(convs, client, spec.name, progress.request_done))
+            kv = meter.stop()
+            leg.kv_by_length[length] = kv
+            leg.kv = leg.kv + kv
     leg.router_stats = probe.router_stats(ep.router_url)
     leg.failures = guards.check(leg)
     leg.wall_s = time.monotonic() - started
