@@ -69,8 +69,10 @@ def leg_topology(path: Path, base: list[str], leg: LegSpec) -> Topology:
 
 
 def bidirectional(topo: Topology) -> bool:
-    """On when every prefill and decode has it on: a mixed deployment cannot reuse reliably."""
-    return all(topo.connector_for(inst).bidirectional_kv_xfer for _, _, inst in topo.instances())
+    """On when the topology asks for it anywhere: such a leg must prove the reuse happens (the guards)."""
+    return topo.connector.bidirectional_kv_xfer or any(
+        topo.connector_for(inst).bidirectional_kv_xfer for _, _, inst in topo.instances()
+    )
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
 from pdctl.bench.workload import Conversation, ConversationPlan, WorkloadSpec, build
-from pdctl.errors import UsageError
+from pdctl.errors import PdctlError, UsageError
 from pdctl.remote.hosts import connected
 from pdctl.topology import Topology
 
@@ -77,11 +77,20 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
     workload = opts.workload
     try:
         for spec, topo in zip(legs, topos, strict=True):
-            if deployer is not None and not opts.no_redeploy:
-                progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
-                deployer.redeploy(topo)
             ep = endpoints(topo)
-            probe.wait_healthy([ep.router_url, *ep.prefill_urls, *ep.decode_urls])
+            try:
+                if deployer is not None and not opts.no_redeploy:
+                    progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
+                    deployer.redeploy(topo)
+                probe.wait_healthy([ep.router_url, *ep.prefill_urls, *ep.decode_urls])
+            except PdctlError as exc:
+                # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
+                progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
+                failed = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim")
+                lines = [x.strip() for x in exc.message.splitlines() if x.strip()]
+                failed.failures.append(f"could not deploy: {' … '.join(dict.fromkeys([lines[0], lines[-1]]))}")
+                result.legs.append(failed)
+                continue
             workload = _calibrated(workload, ep)
             result.workload = _describe(workload, opts)
             result.legs.append(run_leg(spec, topo, ep, workload, opts, progress))

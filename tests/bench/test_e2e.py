@@ -64,12 +64,17 @@ def test_off_on_and_a_leg_forced_to_miss(sim_topology: Path, tmp_path: Path) -> 
     assert _router_up(sim_topology)
 
 
-def test_a_stopped_deployment_stays_stopped(sim_topology: Path, tmp_path: Path) -> None:
+def test_a_leg_that_cannot_deploy_fails_alone_and_a_stopped_deployment_stays_stopped(
+    sim_topology: Path, tmp_path: Path
+) -> None:
     args = ["bench", "-t", str(sim_topology), "--lengths", "128", "--conversations", "1", "--turns", "2",
-            "--user-tokens", "8", "--output-tokens", "2", "--api", "completions", "--out", str(tmp_path / "o")]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "bench passed" in result.stdout and "off/on" in result.stdout
+            "--user-tokens", "8", "--output-tokens", "2", "--api", "completions", "--rate", "50",
+            "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*args, "--leg", "bad:sim.args=['--speed','0']", "--leg", "on"])
+    assert result.exit_code == 1, result.output
+    assert "leg bad FAILED: could not deploy: " in result.stdout
+    assert "--speed must be > 0" in result.stdout
+    assert "leg on: passed" in result.stdout and "bench FAILED" in result.stdout
     assert not _router_up(sim_topology)
     refused = CliRunner().invoke(app, [*args, "--no-redeploy"])
     assert refused.exit_code == 2
