@@ -96,3 +96,13 @@ def test_unknown_handle_id_is_served_silently(pair: SimPair) -> None:
     forged = {**handle, "do_remote_decode": True, "remote_request_id": "cmpl-nope-0-00000000"}
     assert prefill(pair.prefill_url, {"prompt": turn1 + output_ids(chunks)}, forged).status_code == 200
     assert "unrecognized request cmpl-nope-0-00000000" in pair.decode.log_text()
+
+
+def test_resending_a_shorter_prompt_reads_misaligned_blocks(pair: SimPair) -> None:
+    # vLLM end-trims D's block list to the blocks it needs: with a prompt shorter than D's sequence those are
+    # D's last blocks, not its first (reference section 4). The router must only send a hit for a longer prompt.
+    before = pair.prefill.metric(CORRUPT)
+    turn1 = list(range(10000, 10100))
+    _, handle = two_hop(pair, {"prompt": turn1})
+    assert prefill(pair.prefill_url, {"prompt": turn1}, {**handle, "do_remote_decode": True}).status_code == 200
+    assert pair.prefill.metric(CORRUPT) == before + 1
