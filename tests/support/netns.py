@@ -2,10 +2,10 @@
 
 `SshLab.create(tmp, count)` makes namespaces `pd<pid><lab letter><host letter>` with veth ends on a bridge
 in the root namespace (10.123.<x>.0/24, x chosen unused), `lo` up, and `/usr/sbin/sshd -D` inside each
-on a host key made here; one
-client key is authorized for root. The hosts share this machine's PID space and filesystem, which is why
-pdctl tags every process with its node. `close()` removes everything, also after a failed test; namespaces left
-by a killed session are removed by the next one.
+on a host key made here; one client key is authorized for root.
+The hosts share this machine's PID space and filesystem, which is why pdctl tags every process with its
+node. `close()` removes everything, also after a failed test; what a killed session left behind is
+removed by the next one.
 """
 
 from __future__ import annotations
