@@ -18,6 +18,8 @@ from pdctl.bench.workload import DEFAULT_LENGTHS, Api, WorkloadSpec
 from pdctl.cli_support import TOPOLOGY_HELP, call, err, out, topology_path
 from pdctl.errors import UsageError
 
+DEFAULT_LENGTHS_TEXT = ",".join(map(str, DEFAULT_LENGTHS))
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -34,9 +36,7 @@ def _ints(text: str) -> tuple[int, ...]:
 def bench(
     topology: Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a topology key for every leg.")] = None,
-    lengths: Annotated[str, typer.Option(help="Tokens of history at turn 1, comma-separated.")] = ",".join(
-        str(n) for n in DEFAULT_LENGTHS
-    ),
+    lengths: Annotated[str, typer.Option(help="Tokens of history at turn 1, comma-separated.")] = DEFAULT_LENGTHS_TEXT,
     conversations: Annotated[int, typer.Option(help="Conversations per length.")] = 10,
     turns: Annotated[int, typer.Option(help="Turns per conversation.")] = 10,
     user_tokens: Annotated[int, typer.Option(help="Tokens of each new user message.")] = 150,

@@ -83,11 +83,15 @@ def summarize(legs: Sequence[LegResult]) -> list[SummaryRow]:
     rows = []
     for leg in legs:
         for length in lengths_of(leg.records):
-            for scope, keep in (("warm", lambda t: t >= 1), ("first", lambda t: t == 0)):
-                recs = [r for r in leg.records if r.length == length and keep(r.turn) and r.ok]
+            for scope in ("warm", "first"):
+                recs = [r for r in leg.records if r.length == length and _in_scope(r, scope) and r.ok]
                 if recs:
                     rows.append(_row(leg.name, length, scope, recs))
     return rows
+
+
+def _in_scope(r: RequestRecord, scope: str) -> bool:
+    return r.turn >= 1 if scope == "warm" else r.turn == 0
 
 
 def _row(leg: str, length: int, scope: str, recs: list[RequestRecord]) -> SummaryRow:
