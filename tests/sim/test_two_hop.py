@@ -103,6 +103,6 @@ def test_resending_a_shorter_prompt_reads_misaligned_blocks(pair: SimPair) -> No
     # D's last blocks, not its first (reference section 4). The router must only send a hit for a longer prompt.
     before = pair.prefill.metric(CORRUPT)
     turn1 = list(range(10000, 10100))
-    _, handle = two_hop(pair, {"prompt": turn1})
+    _, handle = two_hop(pair, {"prompt": turn1}, max_tokens=40)  # D's sequence spans 9 blocks, the prompt 7
     assert prefill(pair.prefill_url, {"prompt": turn1}, {**handle, "do_remote_decode": True}).status_code == 200
     assert pair.prefill.metric(CORRUPT) == before + 1
