@@ -91,13 +91,14 @@ def sim(role: str, port: int, log: Path, cores: list[int]) -> subprocess.Popen[b
 
 
 # -- the naive proxy: what a first FastAPI/starlette two-hop proxy looks like ---------------------------------
-def naive_app(prefill: str, decode: str) -> Any:
+def naive_app(prefill: list[str], decode: list[str]) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     state: dict[str, httpx.AsyncClient] = {}
+    turn = [0]
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> Any:
@@ -109,12 +110,14 @@ def naive_app(prefill: str, decode: str) -> Any:
         body = await request.json()
         body.pop("conversation_id", None)
         p_body = {**body, "stream": False, "max_tokens": 1, "kv_transfer_params": dict(MISS)}
-        p = await state["c"].post(prefill + "/v1/completions", json=p_body)
+        turn[0] += 1  # round robin, as vLLM's example proxy
+        p_url, d_url = prefill[turn[0] % len(prefill)], decode[turn[0] % len(decode)]
+        p = await state["c"].post(p_url + "/v1/completions", json=p_body)
         p.raise_for_status()
         d_body = {**body, "stream": True, "kv_transfer_params": p.json().get("kv_transfer_params")}
 
         async def relay() -> Any:
-            async with state["c"].stream("POST", decode + "/v1/completions", json=d_body) as d:
+            async with state["c"].stream("POST", d_url + "/v1/completions", json=d_body) as d:
                 async for line in d.aiter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
                         chunk = json.loads(line[6:])
@@ -139,11 +142,12 @@ def body(i: int, max_tokens: int) -> dict[str, Any]:
 async def one(client: httpx.AsyncClient, target: dict[str, str], i: int, max_tokens: int) -> None:
     b = body(i, max_tokens)
     if target["mode"] == "direct":
-        p = await client.post(target["prefill"] + "/v1/completions",
+        prefill, decode = target["prefill"].split(","), target["decode"].split(",")
+        p = await client.post(prefill[i % len(prefill)] + "/v1/completions",
                               json={**b, "stream": False, "max_tokens": 1, "kv_transfer_params": MISS})
         p.raise_for_status()
         b["kv_transfer_params"] = p.json()["kv_transfer_params"]
-        url = target["decode"]
+        url = decode[i % len(decode)]
     else:
         url = target["url"]
     async with client.stream("POST", url + "/v1/completions", json=b) as r:
@@ -213,6 +217,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="measurement time per point")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--load-procs", type=int, default=0, help="load-generator processes (default: spare cores)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="simulated P+D pairs, so the engines are not the bottleneck (default: by core count)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--naive-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -220,32 +226,38 @@ def main() -> None:
         import uvicorn
 
         port, p, d = args.naive_serve
-        uvicorn.run(naive_app(p, d), host="127.0.0.1", port=int(port), log_level="warning")
+        uvicorn.run(naive_app(p.split(","), d.split(",")), host="127.0.0.1", port=int(port), log_level="warning")
         return
 
     cores = sorted(os.sched_getaffinity(0))
+    pairs = args.pairs or max(1, min(4, (len(cores) - 4) // 3))
     router_core = cores[:1]
-    engine_cores = cores[1:3] if len(cores) >= 4 else cores[1:] or cores
-    load_cores = cores[3:] if len(cores) >= 5 else engine_cores
+    engine_cores = cores[1 : 1 + 2 * pairs] if len(cores) > 2 * pairs + 1 else cores[1:] or cores
+    load_cores = cores[1 + 2 * pairs :] or engine_cores
     procs = args.load_procs or max(1, min(8, len(load_cores)))
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"router-bench-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
-    pp, dp, rp, np_ = free_port(), free_port(), free_port(), free_port()
-    purl, durl = f"http://127.0.0.1:{pp}", f"http://127.0.0.1:{dp}"
-    running = [sim("prefill", pp, logs / "prefill.log", engine_cores[:1]),
-               sim("decode", dp, logs / "decode.log", engine_cores[-1:])]
+    ports = [(free_port(), free_port()) for _ in range(pairs)]
+    purls = [f"http://127.0.0.1:{pp}" for pp, _ in ports]
+    durls = [f"http://127.0.0.1:{dp}" for _, dp in ports]
+    rp, np_ = free_port(), free_port()
+    running = []
+    for k, (pp, dp) in enumerate(ports):
+        running.append(sim("prefill", pp, logs / f"prefill-{k}.log", [engine_cores[(2 * k) % len(engine_cores)]]))
+        running.append(sim("decode", dp, logs / f"decode-{k}.log", [engine_cores[(2 * k + 1) % len(engine_cores)]]))
     try:
-        wait_health(purl, running[0], "prefill sim")
-        wait_health(durl, running[1], "decode sim")
-        router = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(rp), "--prefill", purl,
-                        "--decode", durl, "--model", MODEL, "--decoder-kv-blocks-ttl", "60", "--log-level",
-                        "warning"], logs / "router.log", router_core)
-        naive = start([sys.executable, __file__, "--naive-serve", str(np_), purl, durl], logs / "naive.log",
-                      router_core)
+        for url, proc in zip([u for pair in zip(purls, durls, strict=True) for u in pair], running, strict=True):
+            wait_health(url, proc, "simulator")
+        router = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(rp),
+                        *(a for u in purls for a in ("--prefill", u)), *(a for u in durls for a in ("--decode", u)),
+                        "--model", MODEL, "--decoder-kv-blocks-ttl", "60", "--log-level", "warning"],
+                       logs / "router.log", router_core)
+        naive = start([sys.executable, __file__, "--naive-serve", str(np_), ",".join(purls), ",".join(durls)],
+                      logs / "naive.log", router_core)
         running += [router, naive]
         wait_health(f"http://127.0.0.1:{rp}", router, "router")
         wait_health(f"http://127.0.0.1:{np_}", naive, "naive proxy")
-        targets = [{"mode": "direct", "prefill": purl, "decode": durl},
+        targets = [{"mode": "direct", "prefill": ",".join(purls), "decode": ",".join(durls)},
                    {"mode": "router", "url": f"http://127.0.0.1:{rp}"},
                    {"mode": "naive", "url": f"http://127.0.0.1:{np_}"}]
         rows = []
@@ -263,13 +275,13 @@ def main() -> None:
         for p in running:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
-    report(rows, cores, args)
+    report(rows, cores, pairs, args)
 
 
-def report(rows: list[dict[str, Any]], cores: list[int], args: argparse.Namespace) -> None:
+def report(rows: list[dict[str, Any]], cores: list[int], pairs: int, args: argparse.Namespace) -> None:
     by = {(r["target"], r["concurrency"]): r for r in rows}
-    print(f"\nrouter pinned to 1 core; {len(cores)} cores on this machine; max_tokens={args.max_tokens}; "
-          f"{args.seconds:g} s per point; simulated engines at zero delay")
+    print(f"\nrouter and naive proxy each pinned to 1 core; {len(cores)} cores; {pairs} simulated P+D pair(s) at "
+          f"zero delay; max_tokens={args.max_tokens}; {args.seconds:g} s per point")
     print("| streams | direct req/s | router req/s | naive req/s | router/naive | router added p50 | "
           "router added p99 | router errors |")
     print("|---|---|---|---|---|---|---|---|")

@@ -18,6 +18,7 @@ from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.middleware import ApiKey, JsonBody, RequestId
 from pdctl.router.state import RouterState
+from pdctl.router.transport import FastTransport
 
 log = logging.getLogger("pdctl.router")
 
@@ -90,7 +91,7 @@ class Endpoints:
     async def startup(self) -> None:
         cfg = self.state.config
         self.state.client = httpx.AsyncClient(
-            transport=self.transport,
+            transport=self.transport or FastTransport(),
             limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )
