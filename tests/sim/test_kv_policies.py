@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+
 from tests.sim.helpers import as_hit, output_ids, prefill, two_hop, wait_until
 from tests.support.sim_procs import sim_pair, sim_process
 
@@ -11,6 +13,7 @@ FAILED = "vllm:nixl_num_failed_transfers_total"
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 READS = "vllm:nixl_xfer_time_seconds_count"
 USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
 
 
 def _turn2(chunks: list[dict], turn1: list[int]) -> dict:
@@ -93,3 +96,25 @@ def test_die_after(tmp_path: Path) -> None:
         p.proc.wait(timeout=20)
         assert p.proc.returncode == 1
         assert "--die-after 1 reached" in p.log_text()
+
+
+def test_client_disconnect_frees_the_request(tmp_path: Path) -> None:
+    with sim_process(tmp_path, "decode", speed=1) as d:
+        body = {"model": "Qwen", "prompt": list(range(1000, 1100)), "max_tokens": 500, "stream": True}
+        with httpx.stream("POST", f"{d.url}/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()  # kept open: dropping the iterator would close the response
+            assert next(lines).startswith("data: ")
+            assert d.metric(RUNNING) == 1 and d.metric(USAGE) > 0
+        assert wait_until(lambda: d.metric(RUNNING) == 0 and d.metric(USAGE) == 0)
+
+
+def test_non_streaming_decode_returns_its_handle_in_the_body(tmp_path: Path) -> None:
+    with sim_pair(tmp_path, speed=float("inf")) as pair:
+        prompt = list(range(1000, 1100))
+        p = prefill(pair.prefill_url, {"prompt": prompt}).json()["kv_transfer_params"]
+        body = {"model": "Qwen", "prompt": prompt, "max_tokens": 5, "return_token_ids": True, "kv_transfer_params": p}
+        d = httpx.post(f"{pair.decode_url}/v1/completions", json=body, timeout=30).json()
+        assert d["choices"][0]["prompt_token_ids"] == prompt and len(d["choices"][0]["token_ids"]) == 5
+        handle = d["kv_transfer_params"]
+        assert handle["do_remote_decode"] is True and handle["remote_num_tokens"] == 104
+        assert handle["remote_port"] == pair.decode.side_port
