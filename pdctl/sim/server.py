@@ -209,7 +209,8 @@ def _listen(host: str, port: int) -> socket.socket:
 async def serve(cfg: SimConfig) -> None:
     sim = SimServer(cfg)
     sockets = [_listen(cfg.host, cfg.port), _listen(cfg.side_channel_host, cfg.side_channel_port)]
-    config = uvicorn.Config(sim, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30)
+    config = uvicorn.Config(sim, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
+                            timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     keeper = asyncio.create_task(sim.housekeeping())
     log.info("Starting vLLM API server (pdctl simulator, role %s) on http://%s:%d, NIXL side channel %s:%d",
