@@ -79,10 +79,7 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
         for spec, topo in zip(legs, topos, strict=True):
             ep = endpoints(topo)
             try:
-                if deployer is not None and not opts.no_redeploy:
-                    progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
-                    deployer.redeploy(topo)
-                probe.wait_healthy([ep.router_url, *ep.prefill_urls, *ep.decode_urls])
+                _deploy(spec, topo, ep, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:
                 # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
                 progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
@@ -103,6 +100,21 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
                 deployer.down(base)
     result.wall_s = time.monotonic() - start
     return result
+
+
+def _deploy(spec: LegSpec, topo: Topology, ep: Endpoints, deployer: Deployer | None, progress: Progress) -> None:
+    """Redeploy for the leg and wait for every endpoint; one retry, so a transient launch failure costs no leg."""
+    for attempt in (1, 2):
+        try:
+            if deployer is not None:
+                progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
+                deployer.redeploy(topo)
+            probe.wait_healthy([ep.router_url, *ep.prefill_urls, *ep.decode_urls])
+            return
+        except PdctlError as exc:
+            if attempt == 2 or deployer is None:
+                raise
+            progress.note(f"leg {spec.name}: deploy failed ({exc.message.splitlines()[0]}); retrying once")
 
 
 def run_leg(
