@@ -186,6 +186,9 @@ class Engine:
         """The remote read this request needs, if any: (tokens pulled, modelled ms, what the blocks hold)."""
         cfg, pool = self.cfg, self.pool
         d2p = is_p and cfg.kv.bidirectional and is_handle(params)
+        if is_p and not cfg.kv.bidirectional and is_handle(params):
+            log.warning("Request %s carries a decode handle but bidirectional_kv_xfer is off here: recomputing "
+                        "(real vLLM may leave it waiting for remote KV)", req.request_id)
         if not (d2p or (is_d and is_handle(params))):
             return 0, 0.0, seq
         n = len(req.prompt)
