@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -62,7 +63,7 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
     result = BenchResult(
         topology=base.name,
         simulated=base.engine == "sim",
-        workload={},
+        workload=_describe(opts.workload, opts),
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     # Every leg's topology and the corpus are checked before anything is stopped or started.
@@ -134,7 +135,7 @@ def run_leg(
         output_tokens=workload.output_tokens,
         clients=opts.clients,
         rate=opts.rate,
-        api_key=opts.api_key,
+        api_key=opts.api_key or (os.environ.get(topo.router.api_key_env) if topo.router.api_key_env else None),
         seed=workload.seed,
     )
     plans = build(workload)
