@@ -27,6 +27,7 @@ class _Conn(asyncio.Protocol):
 
     def reset(self) -> None:
         self.released = False
+        self.keep_alive = False
         self.headers: list[tuple[bytes, bytes]] = []
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.chunks: deque[bytes] = deque()
@@ -54,6 +55,7 @@ class _Conn(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # httptools forgets it once the message completes
         if not self.head.done():
             self.head.set_result(None)
 
@@ -123,13 +125,13 @@ class FastTransport(httpx.AsyncBaseTransport):
         self.max_idle = max_idle
         self._idle: dict[Key, list[_Conn]] = {}
 
-    async def _connect(self, key: Key, timeout: float | None) -> _Conn:
+    async def _connect(self, key: Key, timeout: float | None, reuse: bool = True) -> tuple[_Conn, bool]:
         idle = self._idle.get(key)
-        while idle:
+        while reuse and idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
                 conn.reset()
-                return conn
+                return conn, True
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Conn(self, key), *key), timeout)
@@ -137,7 +139,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {key[0]}:{key[1]} timed out") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc.strerror}") from None
-        return conn
+        return conn, False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -145,21 +147,27 @@ class FastTransport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol("the router's fast transport speaks plain http only")
         timeouts = request.extensions.get("timeout", {})
         key = (url.host, url.port or 80)
-        conn = await self._connect(key, timeouts.get("connect"))
         body = request.content
-        target = url.raw_path
-        lines = [request.method.encode(), b" ", target, b" HTTP/1.1\r\n"]
+        lines = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
         for name, value in request.headers.raw:
             if name.lower() not in (b"content-length", b"transfer-encoding"):
                 lines += [name, b": ", value, b"\r\n"]
         lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-        assert conn.transport is not None
-        conn.transport.write(b"".join(lines))
-        try:
-            await _wait(conn.head, timeouts.get("read"), "upstream sent no response in time")
-        except httpx.HTTPError:
-            conn.transport.close()
-            raise
+        payload = b"".join(lines)
+        for fresh in (False, True):
+            conn, reused = await self._connect(key, timeouts.get("connect"), reuse=not fresh)
+            assert conn.transport is not None
+            conn.transport.write(payload)
+            try:
+                await _wait(conn.head, timeouts.get("read"), "upstream sent no response in time")
+                break
+            except httpx.ReadError:
+                # An idle keep-alive connection the upstream closed just now: retry once on a new one.
+                if not reused or conn.headers:
+                    raise
+            except httpx.HTTPError:
+                conn.transport.close()
+                raise
         return httpx.Response(conn.parser.get_status_code(), headers=conn.headers,
                               stream=_Body(conn, timeouts.get("read")), extensions={"http_version": b"HTTP/1.1"})
 
@@ -167,7 +175,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         if conn.released or conn.transport is None or conn.transport.is_closing():
             return
         conn.released = True
-        if not conn.done or not conn.parser.should_keep_alive():
+        if not conn.done or not conn.keep_alive:
             conn.transport.close()
             return
         idle = self._idle.setdefault(conn.key, [])

@@ -1,0 +1,69 @@
+"""The router's upstream transport against a real asyncio HTTP server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from pdctl.router.transport import FastTransport
+
+
+async def serve(handler_delay: float = 0.0) -> tuple[asyncio.Server, list[int]]:
+    connections = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            body = await reader.readexactly(length)
+            await asyncio.sleep(handler_delay)
+            if b"/stream" in head.split(b"\r\n")[0]:
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                for part in (b"data: 1\n\n", b"data: 2\n\n"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    await writer.drain()
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 201 Created\r\ncontent-length: %d\r\nx-echo: yes\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, connections
+
+
+def test_keep_alive_streaming_and_status() -> None:
+    async def main() -> None:
+        server, connections = await serve()
+        port = server.sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(transport=FastTransport()) as client:
+            for i in range(3):
+                r = await client.post(f"http://127.0.0.1:{port}/echo", content=b"hello %d" % i)
+                assert (r.status_code, r.content, r.headers["x-echo"]) == (201, b"hello %d" % i, "yes")
+            async with client.stream("POST", f"http://127.0.0.1:{port}/stream", content=b"{}") as r:
+                chunks = [c async for c in r.aiter_raw()]
+            assert b"".join(chunks) == b"data: 1\n\ndata: 2\n\n"
+        assert connections[0] == 1  # one connection, reused
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_refused_and_slow_upstreams_raise_httpx_errors(port: object) -> None:
+    async def main() -> None:
+        server, _ = await serve(handler_delay=1.0)
+        live = server.sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(transport=FastTransport()) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.post(f"http://127.0.0.1:{port()}/x", content=b"")  # type: ignore[operator]
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(f"http://127.0.0.1:{live}/x", content=b"", timeout=0.1)
+        server.close()
+
+    asyncio.run(main())
