@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,18 @@ def test_prefill_split_uses_the_kv_transfer_per_reusing_turn() -> None:
 def test_percentile_matches_numpy_linear() -> None:
     assert percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)
     assert percentile([5], 90) == 5
+
+
+def test_summary_table_renders_means_ratios_and_hit_rates() -> None:
+    from rich.console import Console
+
+    from pdctl.bench.render import summary_table
+
+    console = Console(width=100, color_system=None, record=True, file=io.StringIO())
+    console.print(summary_table(bench()))
+    text = console.export_text()
+    assert text.splitlines()[0].rstrip() == "Mean TTFT of turns 2+ (ms) — vLLM"
+    row = next(line for line in text.splitlines() if "24000" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")] == ["24000", "3826", "679", "5.64"]
+    hits = next(line for line in text.splitlines() if "hit rate" in line)
+    assert "0%" in hits and "100%" in hits
