@@ -91,8 +91,7 @@ class Endpoints:
     async def startup(self) -> None:
         cfg = self.state.config
         self.state.client = httpx.AsyncClient(
-            transport=self.transport or FastTransport(),
-            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
+            transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )
         self._tasks = [asyncio.create_task(tasks.health_loop(self.state)),
