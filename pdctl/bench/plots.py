@@ -7,17 +7,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # after use("Agg"): the backend must be chosen first
+from types import ModuleType
 
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, lengths_of, warm_mean
 
 TTFT_PNG = "ttft_vs_length.png"
 PREFILL_PNG = "prefill_split.png"
+
+
+def _pyplot() -> ModuleType:
+    """matplotlib, imported only when a plot is drawn: it costs a second of CLI start-up otherwise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after use("Agg"): the backend must be chosen first
+
+    return plt
 
 
 def label(result: BenchResult) -> str:
@@ -61,6 +67,7 @@ def _kv_ms_per_request(leg: LegResult, length: int) -> float:
 
 
 def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for leg in result.legs:
         lengths = lengths_of(leg.records)
@@ -81,6 +88,7 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
     legs = [leg.name for leg in result.legs]
     lengths = sorted({s.length for s in splits})
     width = 0.8 / max(1, len(legs))
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, leg in enumerate(result.legs):
