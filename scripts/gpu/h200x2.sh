@@ -31,7 +31,7 @@ case $stage in
     bash "$repo/scripts/gpu/unpack-parts.sh" "$base/parts" "$base/wh" || exit 1
     python3 -m venv --system-site-packages "$base/cli" || exit 1
     # the CLI's own deps that the host image lacks, then pdctl itself from this tree
-    "$base/cli/bin/pip" install -q --no-index --no-deps "$base"/wh/wheels/{paramiko,bcrypt,pynacl,cryptography,cffi,pycparser,invoke,pydantic,pydantic_core,annotated_types,typing_inspection,starlette,uvicorn}-*.whl || exit 1
+    "$base/cli/bin/pip" install -q --no-index --no-deps "$base"/wh/wheels/{paramiko,bcrypt,pynacl,cryptography,cffi,pycparser,invoke,pydantic,pydantic_core,annotated_types,typing_inspection,starlette,uvicorn,httptools}-*.whl || exit 1
     "$base/cli/bin/pip" install -q --no-index --no-deps --no-build-isolation "$repo" || exit 1
     "$base/cli/bin/python" "$repo/scripts/make_dummy_model.py" --out /root/models/qwen3-32b-dummy || exit 1
     nvidia-smi topo -m | tee "$out/topo.txt"
