@@ -50,12 +50,15 @@ def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]
     return specs
 
 
-def run_dir(topo: Topology) -> str:
-    return f"{topo.work_dir.rstrip('/')}/{topo.name}"
+def run_dir(topo: Topology, node: str | None = None) -> str:
+    """The deployment's directory on `node` (its `work_dir`, else the topology's)."""
+    work = topo.work_dir_for(node) if node else topo.work_dir.rstrip("/")
+    return f"{work}/{topo.name}"
 
 
-def python_for(topo: Topology, self_python: str = sys.executable) -> str:
-    venv = topo.python.venv
+def python_for(topo: Topology, self_python: str = sys.executable, node: str | None = None) -> str:
+    """The interpreter that runs pdctl on `node`: its venv's (nodes[].venv, else python.venv) or `self_python`."""
+    venv = topo.venv_for(node) if node else topo.python.venv
     return f"{venv.rstrip('/')}/bin/python" if venv else self_python
 
 
@@ -111,8 +114,8 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         host=node.address,
         argv=tuple(argv),
         env=env,
-        workdir=run_dir(topo),
-        log_path=f"{run_dir(topo)}/logs/{name}.log",
+        workdir=run_dir(topo, node.name),
+        log_path=f"{run_dir(topo, node.name)}/logs/{name}.log",
         health_url=f"{url}/health",
         url=url,
         ports=(inst.port, *side),
@@ -127,8 +130,8 @@ def _model_args(topo: Topology, inst: Instance) -> list[str]:
 
 def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     model = topo.model_for(inst)
-    venv = topo.python.venv
-    vllm = f"{venv.rstrip('/')}/bin/vllm" if venv else "vllm"
+    venv = topo.venv_for(inst.node)
+    vllm = f"{venv}/bin/vllm" if venv else "vllm"
     argv = [vllm, "serve", model.local_dir or model.id, *_model_args(topo, inst)]
     argv += ["--tensor-parallel-size", str(inst.tp)]
     if inst.data_parallel_size > 1:
@@ -154,7 +157,7 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
 def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> list[str]:
     model = topo.model_for(inst)
     node = topo.node(inst.node)
-    argv = [python_for(topo, self_python), "-m", "pdctl.sim", "serve", model.id, "--role", role]
+    argv = [python_for(topo, self_python, node.name), "-m", "pdctl.sim", "serve", model.id, "--role", role]
     argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
     argv += ["--block-size", str(model.block_size or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
@@ -168,7 +171,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
     node = topo.node(topo.router.node)
     r = topo.router
-    argv = [python_for(topo, self_python), "-m", "pdctl", "router", "serve"]
+    argv = [python_for(topo, self_python, node.name), "-m", "pdctl", "router", "serve"]
     argv += ["--host", r.bind or node.address, "--port", str(r.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
@@ -188,8 +191,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         host=node.address,
         argv=tuple(argv),
         env=env,
-        workdir=run_dir(topo),
-        log_path=f"{run_dir(topo)}/logs/router.log",
+        workdir=run_dir(topo, node.name),
+        log_path=f"{run_dir(topo, node.name)}/logs/router.log",
         health_url=f"{url}/health",
         url=url,
         ports=(r.port,),

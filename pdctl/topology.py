@@ -30,6 +30,12 @@ class Node(Strict):
     ssh_alias: str | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")
     transport: Literal["ssh", "local"] = Field("ssh", description="How pdctl reaches the node.")
     gpus: int = Field(0, ge=0, description="Number of GPUs on the node (0: not checked).")
+    venv: str | None = Field(
+        None, description="This node's venv, where it differs from python.venv (default: python.venv)."
+    )
+    work_dir: str | None = Field(
+        None, description="This node's directory for logs, run files and uploads (default: work_dir)."
+    )
 
 
 class Model(Strict):
@@ -131,6 +137,11 @@ class Python(Strict):
     system_site_packages: bool = Field(
         False, description="Create the venv with --system-site-packages (reuse the image's torch, say)."
     )
+    no_deps: bool = Field(
+        False,
+        description="Install every wheel of python.wheelhouse as it is, with --no-deps: for a verified wheel "
+        "set whose metadata pins conflict.",
+    )
 
 
 class Sim(Strict):
@@ -177,6 +188,14 @@ class Topology(Strict):
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
+
+    def venv_for(self, node: str) -> str | None:
+        """The venv pdctl and vLLM run from on `node` (None: the CLI's own interpreter), without a trailing /."""
+        venv = self.node(node).venv or self.python.venv
+        return venv.rstrip("/") if venv else None
+
+    def work_dir_for(self, node: str) -> str:
+        return (self.node(node).work_dir or self.work_dir).rstrip("/")
 
     def instances(self) -> list[tuple[Role, int, Instance]]:
         """Every engine instance, decodes first (the order they are started in)."""

@@ -141,10 +141,12 @@ def _router_ttl(topo: Topology) -> Iterator[Finding]:
 
 
 def _python(topo: Topology) -> Iterator[Finding]:
-    if topo.python.venv is not None:
-        return
+    if topo.python.no_deps and not topo.python.wheelhouse:
+        yield ("python", "no_deps"), "no_deps installs the wheels of python.wheelhouse, which is not set", (
+            "set python.wheelhouse to a folder of wheels, or remove no_deps"
+        )
     for i, node in enumerate(topo.nodes):
-        if node.transport != "local":
+        if node.transport != "local" and topo.venv_for(node.name) is None:
             yield ("nodes", i, "transport"), f"node `{node.name}` is reached over ssh but python.venv is null", (
-                "set python.venv to a path on the nodes"
+                "set python.venv (or this node's venv) to a path on the nodes"
             )

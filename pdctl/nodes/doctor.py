@@ -67,7 +67,7 @@ class DoctorReport:
 
 
 def facts_for(ctx: Context) -> list[Fact[Any]]:
-    disk = ctx.topo.hf_home if ctx.vllm and ctx.topo.hf_home else ctx.topo.work_dir
+    disk = ctx.topo.hf_home if ctx.vllm and ctx.topo.hf_home else ctx.work_dir
     facts: list[Fact[Any]] = [OsRelease(), Arch(), Sudo(), Memlock(), DiskFree(disk), ListeningPorts()]
     facts.append(python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))))
     if ctx.vllm:
@@ -100,7 +100,7 @@ def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
     ports = sorted({p for s in plan(topo) if s.node == ctx.node.name for p in s.ports})
     busy = [p for p in ports if p in get(ListeningPorts())]
     out.add("ports", not busy, f"busy: {busy}" if busy else f"free: {ports}", "stop what listens (`pdctl down`?)")
-    free = get(DiskFree(topo.hf_home if ctx.vllm and topo.hf_home else topo.work_dir))
+    free = get(DiskFree(topo.hf_home if ctx.vllm and topo.hf_home else ctx.work_dir))
     need = 100 * GIB if ctx.vllm and not topo.model.local_dir else GIB
     out.add("disk", free is not None and free >= need, f"{(free or 0) / GIB:.0f} GiB free",
             f"free space: at least {need // GIB} GiB is needed")

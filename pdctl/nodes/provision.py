@@ -166,9 +166,11 @@ def provision(
     """
     layouts = layouts_from_env() if layouts is None else layouts
     with tempfile.TemporaryDirectory(prefix="pdctl-wheel-") as tmp:
-        if wheel is None and topo.python.venv:
+        ctxs = [c for c in contexts(topo, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
+        if wheel is None and any(c.venv for c in ctxs):
             wheel = ship.build_wheel(Path(tmp))
-        ctxs = [c for c in contexts(topo, layouts, allow_reboot=allow_reboot, wheel=wheel) if c.node.name in hosts]
+        for ctx in ctxs:
+            ctx.wheel = wheel
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
         with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
             reports = list(pool.map(lambda c: provision_host(c, hosts[c.node.name], console, runner), ctxs))

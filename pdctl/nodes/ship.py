@@ -97,7 +97,7 @@ def ship(ctx: Context) -> Operation:
     if state.shipped_sha256 == wheel.sha256 and state.version("pdctl") == wheel.version:
         yield Noop(f"pdctl {wheel.version} (wheel {wheel.sha256[:12]}) installed")
         return
-    remote = f"{ctx.topo.work_dir.rstrip('/')}/wheels/{wheel.path.name}"
+    remote = f"{ctx.work_dir}/wheels/{wheel.path.name}"
     yield Put(wheel.path, remote, f"upload {wheel.path.name}")
     whl = path(remote)
     record = f"echo {wheel.sha256} > {path(ctx.venv)}/{SHIPPED_SHA}"

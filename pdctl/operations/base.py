@@ -99,7 +99,8 @@ class Context:
 
     @property
     def venv(self) -> str | None:
-        return self.topo.python.venv.rstrip("/") if self.topo.python.venv else None
+        """This node's venv (nodes[].venv, else python.venv); None: the CLI's own interpreter."""
+        return self.topo.venv_for(self.node.name)
 
     @property
     def python(self) -> str:
@@ -111,8 +112,13 @@ class Context:
         return self.venv or str(Path(sys.executable).parent.parent)
 
     @property
+    def work_dir(self) -> str:
+        """This node's work directory (nodes[].work_dir, else work_dir): uploads are staged under it."""
+        return self.topo.work_dir_for(self.node.name)
+
+    @property
     def remote_wheelhouse(self) -> str:
-        return f"{self.topo.work_dir.rstrip('/')}/wheelhouse"
+        return f"{self.work_dir}/wheelhouse"
 
     @property
     def vllm(self) -> bool:

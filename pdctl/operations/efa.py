@@ -77,7 +77,7 @@ def _can_install(ctx: Context, installed: str | None) -> None:
 
 def _install(ctx: Context, version: str) -> Generator[Step, CommandResult | None, CommandResult | None]:
     efa = ctx.topo.efa
-    work = f"{ctx.topo.work_dir.rstrip('/')}/efa"
+    work = f"{ctx.work_dir}/efa"
     tarball = f"aws-efa-installer-{version}.tar.gz"
     source = efa.installer or URL.format(version=version)
     qwork = expand_home(work)
