@@ -14,7 +14,7 @@ from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.smoke import SmokeResult, smoke_test
 from pdctl.lifecycle.stop import stop_all
 from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
-from pdctl.nodes import launch
+from pdctl.nodes import launch, nixl_check
 from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import connected, parallel
@@ -74,6 +74,7 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
             for role in ("decode", "prefill"):
                 started += _start(hosts, [s for s in to_start if s.role == role], topo.name, store, state, console)
             wait_healthy(engines, hosts, topo.name, console, timeout=timeout, check=opts.check)
+            nixl_check.check_launched(topo, engines, hosts)  # EFA topologies: fail when KV moves over TCP
             router = [s for s in specs if s.role == "router"]
             started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
             wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)

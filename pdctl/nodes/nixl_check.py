@@ -8,11 +8,17 @@ lines are there. A healthy p5en engine says `Created 16 rails using provider=efa
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Mapping, Sequence
 
 from pdctl.errors import LaunchError
+from pdctl.plan import ProcessSpec
+from pdctl.remote.base import Transport, expand_home
+from pdctl.remote.hosts import parallel
 from pdctl.topology import Topology
 
+START_MARK = "=== pdctl: starting at"  # written by the launcher before every start (pdctl.remote.procs)
+RAIL_NEEDLE = "rails using provider="
 _RAILS = re.compile(r"(?:Created|Successfully created) (\d+) (?:data )?rails.*?using provider=(\w[\w-]*)")
 _FAILURES = (
     ("TCP fallback", "NIXL fell back to TCP: libfabric found no EFA device"),
@@ -54,3 +60,24 @@ def check_engine_logs(topo: Topology, logs: Mapping[str, str]) -> None:
             f"KV transfer is not on EFA:\n{lines}",
             hint="run `pdctl doctor` for the nodes' EFA state; set efa.required: false to accept TCP",
         )
+
+
+def engine_nixl_lines(transport: Transport, log_path: str) -> str:
+    """The NIXL lines the check reads, from the engine's latest start on (a DEBUG log is too long to copy)."""
+    needles = [START_MARK, RAIL_NEEDLE, *(needle for needle, _ in _FAILURES)]
+    pattern = " ".join(f"-e {shlex.quote(n)}" for n in needles)
+    text = transport.run(f"grep -a -F {pattern} {expand_home(log_path)} 2>/dev/null | tail -n 2000").stdout
+    return text.rpartition(START_MARK)[2]
+
+
+def check_launched(topo: Topology, engines: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
+    """After the engines are healthy: read each one's NIXL lines on its host and `check_engine_logs` them."""
+    if not topo.efa.required:
+        return
+    specs = [s for s in engines if s.role != "router"]
+
+    def read(node: str) -> dict[str, str]:
+        return {s.name: engine_nixl_lines(hosts[node], s.log_path) for s in specs if s.node == node}
+
+    per_node = parallel(sorted({s.node for s in specs}), read)
+    check_engine_logs(topo, {name: text for logs in per_node.values() for name, text in logs.items()})
