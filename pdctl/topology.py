@@ -135,7 +135,9 @@ class Python(Strict):
     packages: list[str] = Field(default_factory=list, description="More requirements to install on the nodes.")
     wheelhouse: str | None = Field(None, description="Local wheel directory: install offline from it.")
     system_site_packages: bool = Field(
-        False, description="Create the venv with --system-site-packages (reuse the image's torch, say)."
+        False,
+        description="Create the venv with --system-site-packages (reuse the image's torch, say); an existing "
+        "venv is switched to it.",
     )
     no_deps: bool = Field(
         False,

@@ -45,6 +45,7 @@ class Venv:
     packages: dict[str, str | None] = field(default_factory=dict)
     nixl_plugins: list[str] = field(default_factory=list)
     shipped_sha256: str | None = None
+    system_site_packages: bool | None = None  # pyvenv.cfg's include-system-site-packages; None: not said
 
     def version(self, name: str) -> str | None:
         return self.packages.get(_norm(name))
@@ -68,6 +69,7 @@ class VenvState(Fact[Venv]):
             f"if [ -x {py} ]; then "
             f"{py} -c {shlex.quote(_PROBE)} {names}; "
             f'echo "shipped: $(cat {venv}/{SHIPPED_SHA} 2>/dev/null)"; '
+            f"echo \"system-site: $(sed -n 's/^include-system-site-packages *= *//p' {venv}/pyvenv.cfg 2>/dev/null)\"; "
             f"else echo {NO_VENV}; fi"
         )
 
@@ -76,8 +78,10 @@ class VenvState(Fact[Venv]):
             return Venv(exists=False)
         probe = next((line for line in lines if line.startswith("{")), None)
         shipped = next((line[len("shipped:") :].strip() for line in lines if line.startswith("shipped:")), "")
+        site = next((line[len("system-site:") :].strip() for line in lines if line.startswith("system-site:")), "")
+        system = {"true": True, "false": False}.get(site.lower())
         if probe is None:
-            return Venv(exists=True, shipped_sha256=shipped or None)
+            return Venv(exists=True, shipped_sha256=shipped or None, system_site_packages=system)
         data = json.loads(probe)
         return Venv(
             exists=True,
@@ -85,6 +89,7 @@ class VenvState(Fact[Venv]):
             packages={_norm(k): v for k, v in data["packages"].items()},
             nixl_plugins=list(data["nixl_plugins"]),
             shipped_sha256=shipped or None,
+            system_site_packages=system,
         )
 
     def default(self) -> Venv:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from pdctl.errors import PdctlError, TopologyError
+from pdctl.errors import PdctlError, RemoteCommandError, TopologyError
 from pdctl.facts.base import path
 from pdctl.facts.python import FileHashes, VenvState
 from pdctl.operations.base import Context, Noop, Operation, Put, Run
+from pdctl.remote.base import CommandResult
 
 WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _HASHES: dict[tuple[str, int, int], str] = {}
@@ -44,10 +45,19 @@ def venv(ctx: Context) -> Operation:
         yield Noop("runs no pdctl or vLLM process")
         return
     state = ctx.facts.get(venv_state(ctx))
+    v = path(ctx.venv)
+    if state.exists and state.python and ctx.topo.python.system_site_packages and not state.system_site_packages:
+        # the flag is read from pyvenv.cfg at every start: switching it on is all `--system-site-packages` does
+        cfg = f"{v}/pyvenv.cfg"
+        yield Run(
+            f"sed -i '/^include-system-site-packages/d' {cfg} && echo 'include-system-site-packages = true' >> {cfg}",
+            f"let venv {ctx.venv} see the system site-packages",
+        )
+        ctx.facts.forget(venv_state(ctx))
+        return
     if state.exists and state.python:
         yield Noop(f"{ctx.venv} has Python {state.python}")
         return
-    v = path(ctx.venv)
     if ctx.topo.python.system_site_packages:
         # the system's pip serves the venv too; seeding a private pip costs seconds per host
         create = (
@@ -139,12 +149,42 @@ def packages(ctx: Context) -> Operation:
             f"{ctx.node.name}: {', '.join(map(str, bad))} missing from the CLI's interpreter ({ctx.python})",
             hint="install them there, or set python.venv so pdctl makes a venv with them",
         )
-    args = " ".join(shlex.quote(str(r)) for r in bad)
-    yield Run(pip_install(ctx, args), f"pip install {' '.join(map(str, bad))}", timeout=3600)
+    wanted = ", ".join(map(str, bad))
+    if ctx.topo.python.no_deps:
+        wheels = [f.name for f in ctx.wheelhouse if f.name.endswith(".whl") and not f.name.startswith("pdctl-")]
+        files = " ".join(path(f"{ctx.remote_wheelhouse}/{w}") for w in wheels)
+        step = Run(
+            pip_install(ctx, f"--no-deps {files}"),
+            f"pip install --no-deps the {len(wheels)} wheels of python.wheelhouse (for {wanted})",
+            timeout=3600,
+            check=False,
+        )
+    else:
+        args = " ".join(shlex.quote(str(r)) for r in bad)
+        step = Run(pip_install(ctx, args), f"pip install {' '.join(map(str, bad))}", timeout=3600, check=False)
+    result = yield step
+    if result is not None and not result.ok:
+        raise _pip_failed(ctx, step, result)
     ctx.facts.forget(venv_state(ctx, tuple(r.name for r in reqs)))
     still = unmet(ctx, reqs)
     if still:
         raise PdctlError(
             f"{ctx.node.name}: after installing, {', '.join(map(str, still))} is still not satisfied",
-            hint="another version may be pinned by a dependency; check `pip check` in the venv",
+            hint="add wheels at those versions to python.wheelhouse"
+            if ctx.topo.python.no_deps
+            else "another version may be pinned by a dependency; check `pip check` in the venv",
         )
+
+
+def _pip_failed(ctx: Context, step: Run, result: CommandResult) -> RemoteCommandError:
+    output = result.stderr + result.stdout
+    tail = "\n".join((result.stderr or result.stdout).splitlines()[-15:])
+    unresolved = ("ResolutionImpossible", "conflicting dependencies", "No matching distribution", "No solution found")
+    if ctx.topo.python.wheelhouse and not ctx.topo.python.no_deps and any(s in output for s in unresolved):
+        hint = (
+            "a wheel is missing from python.wheelhouse, or the wheels' own pins conflict; for a set known to "
+            "work together, set python.no_deps: true to install every wheel in it as it is"
+        )
+    else:
+        hint = "read pip's message above; fix python.packages or the wheelhouse and rerun"
+    return RemoteCommandError(ctx.node.name, step.describe, result.exit_code, tail, hint)

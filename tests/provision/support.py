@@ -7,7 +7,7 @@ import hashlib
 import io
 import tarfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,13 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(dest: Path, name: str, version: str, files: Mapping[str, bytes]) -> Path:
-    """A minimal, valid pure-Python wheel."""
+def make_wheel(
+    dest: Path, name: str, version: str, files: Mapping[str, bytes], requires: Sequence[str] = ()
+) -> Path:
+    """A minimal, valid pure-Python wheel; `requires` become its Requires-Dist lines."""
     dist = f"{name.replace('-', '_')}-{version}"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    deps = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{deps}".encode()
     wheel = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     content = {**files, f"{dist}.dist-info/METADATA": meta, f"{dist}.dist-info/WHEEL": wheel}
     record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in content.items())
@@ -66,11 +69,11 @@ def make_wheel(dest: Path, name: str, version: str, files: Mapping[str, bytes]) 
     return out
 
 
-def fake_vllm_wheel(dest: Path) -> Path:
+def fake_vllm_wheel(dest: Path, requires: Sequence[str] = ()) -> Path:
     """vLLM 0.26.0 as far as the patch cares: its four OpenAI entrypoint files, laid out as installed."""
     files = {p.relative_to(VLLM_FIXTURE).as_posix(): p.read_bytes() for p in VLLM_FIXTURE.rglob("*.py")}
     files["vllm/__init__.py"] = b'__version__ = "0.26.0"\n'
-    return make_wheel(dest, "vllm", "0.26.0", files)
+    return make_wheel(dest, "vllm", "0.26.0", files, requires)
 
 
 def installer_tarball(dest: Path) -> tuple[Path, str]:
