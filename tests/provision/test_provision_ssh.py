@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def _nodes(lab: SshLab, tmp: Path) -> list[dict[str, Any]]:
 
 def _sim_topology(lab: SshLab, tmp: Path, wheelhouse: Path) -> Topology:
     return topology(
-        name="prov-ssh",
+        name=f"prov-ssh-{uuid.uuid4().hex[:8]}",  # processes are found by this name machine-wide
         engine="sim",
         nodes=_nodes(lab, tmp),
         model={"id": "Qwen/Qwen3-32B", "served_name": "Qwen", "block_size": 16},
@@ -143,7 +144,7 @@ def test_sim_topology_over_ssh_provisions_each_node_venv_once(
         assert state is not None
         for name, node in (("prefill-0", "h1"), ("decode-0", "h2"), ("router", "h1")):
             assert _cmdline(state.processes[name].pid)[0] == str(tmp_path / node / "venv/bin/python"), name
-        assert (tmp_path / "h2/work/prov-ssh/logs/decode-0.log").is_file()
+        assert (tmp_path / f"h2/work/{topo.name}/logs/decode-0.log").is_file()
     finally:
         down(topo, _console(), ssh=ssh, timeout=5)
     assert LocalTransport().find_by_marker(topo.name) == []
