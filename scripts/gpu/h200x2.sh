@@ -42,6 +42,7 @@ case $stage in
     "$cli" up -t "$topo" "${sets[@]}" "$@" 2>&1 | tee "$out/up.txt"
     rc=${PIPESTATUS[0]}
     "$cli" status -t "$topo" 2>&1 | tee "$out/status.txt"
+    for f in /root/.pdctl/h200x2/logs/*.log; do echo "== $f"; tail -n 60 "$f"; done > "$out/logs-tail.txt" 2>&1
     exit "$rc"
     ;;
   bench)
