@@ -141,8 +141,9 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
         argv.append("--no-enable-prefix-caching")
     argv += ["--port", str(inst.port)]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
-    if model.block_size is not None:
-        argv += ["--block-size", str(model.block_size)]
+    block_size = topo.block_size_for(inst)
+    if block_size is not None:
+        argv += ["--block-size", str(block_size)]
     if model.revision and not model.local_dir:
         argv += ["--revision", model.revision]
     if model.load_format:
@@ -160,7 +161,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.sim", "serve", model.id, "--role", role]
     argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
-    argv += ["--block-size", str(model.block_size or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
+    argv += ["--block-size", str(topo.block_size_for(inst) or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(role, inst):
         argv.append("--no-enable-prefix-caching")
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
@@ -177,7 +178,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
     ttl = min(topo.connector_for(d).decoder_kv_blocks_ttl for d in topo.decode)
     argv += ["--handle-ttl", f"{r.handle_ttl:g}", "--decoder-kv-blocks-ttl", str(ttl)]
-    argv += ["--block-size", str(topo.model.block_size or 16), "--model", topo.model.name]
+    argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
     if not r.verify_prefix:
         argv.append("--no-verify-prefix")
     if r.api_key_env:

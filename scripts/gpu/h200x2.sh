@@ -16,7 +16,8 @@ out=${OUT:-$repo/gpu-out}
 mkdir -p "$base" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 topo=$repo/configs/h200x2-local.yaml
-cli=$base/cli/bin/pdctl
+hostpy=/opt/torch/.venv/bin/python   # the host image keeps torch in this venv
+cli=/opt/torch/.venv/bin/pdctl
 sets=(--set "python.wheelhouse=$base/wh/wheels")
 
 stage=${1:?stage}; shift
@@ -29,11 +30,10 @@ case $stage in
     ;;
   setup)
     bash "$repo/scripts/gpu/unpack-parts.sh" "$base/parts" "$base/wh" || exit 1
-    python3 -m venv --system-site-packages "$base/cli" || exit 1
     # the CLI's own deps that the host image lacks, then pdctl itself from this tree
-    "$base/cli/bin/pip" install -q --no-index --no-deps "$base"/wh/wheels/{paramiko,bcrypt,pynacl,cryptography,cffi,pycparser,invoke,pydantic,pydantic_core,annotated_types,typing_inspection,starlette,uvicorn,httptools}-*.whl || exit 1
-    "$base/cli/bin/pip" install -q --no-index --no-deps --no-build-isolation "$repo" || exit 1
-    "$base/cli/bin/python" "$repo/scripts/make_dummy_model.py" --out /root/models/qwen3-32b-dummy || exit 1
+    "$hostpy" -m pip install -q --no-index --no-deps "$base"/wh/wheels/{paramiko,bcrypt,pynacl,cryptography,cffi,pycparser,invoke,pydantic,pydantic_core,annotated_types,typing_inspection,starlette,uvicorn,httptools}-*.whl || exit 1
+    "$hostpy" -m pip install -q --no-index --no-deps --no-build-isolation "$repo" || exit 1
+    "$hostpy" "$repo/scripts/make_dummy_model.py" --out /root/models/qwen3-32b-dummy || exit 1
     nvidia-smi topo -m | tee "$out/topo.txt"
     "$cli" --version
     "$cli" doctor -t "$topo" "${sets[@]}" 2>&1 | tee "$out/doctor.txt"

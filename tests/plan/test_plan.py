@@ -99,3 +99,20 @@ def test_plan_command_prints_the_commands() -> None:
     assert ("~/.pdctl/venv/bin/vllm' serve Qwen/Qwen3-32B --served-model-name Qwen --dtype bfloat16 "
             "--tensor-parallel-size 8 --max-model-len 32768 --max-num-seqs 8 --no-enable-prefix-caching "
             "--port 8100 --kv-transfer-config") in result.output
+
+
+def _block_size_arg(argv: tuple[str, ...]) -> str | None:
+    return argv[argv.index("--block-size") + 1] if "--block-size" in argv else None
+
+
+def test_ucx_vllm_defaults_to_the_measured_block_size() -> None:
+    decode, prefill, router = plan(load(ROOT / "configs/h200x2-local.yaml"), SELF_PYTHON)
+    assert _block_size_arg(prefill.argv) == _block_size_arg(decode.argv) == "256"
+    assert _block_size_arg(router.argv) == "256"  # the router verifies and truncates in the engines' blocks
+
+
+def test_explicit_block_size_and_efa_keep_theirs() -> None:
+    explicit = plan(load(ROOT / "configs/h200x2-local.yaml", ["model.block_size=16"]), SELF_PYTHON)
+    assert [_block_size_arg(s.argv) for s in explicit] == ["16", "16", "16"]
+    efa = plan(load(ROOT / "configs/p5en-1p1d.yaml"), SELF_PYTHON)
+    assert [_block_size_arg(s.argv) for s in efa] == [None, None, "16"]
