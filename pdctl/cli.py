@@ -27,15 +27,20 @@ SetOpt = Annotated[
 ]
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        out.print(__version__)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_version)
+    ] = False,
 ) -> None:
     DEBUG["on"] = debug
-    if version:
-        out.print(__version__)
-        raise typer.Exit(0)
 
 
 @app.command()
