@@ -15,7 +15,7 @@ from pdctl.lifecycle import down
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology, load
 from tests.conftest import free_port
-from tests.support.netns import SshLab, unavailable
+from tests.support.netns import SshLab, running_lab
 
 MakeTopo = Callable[..., Topology]
 
@@ -77,14 +77,8 @@ def make_topo(tmp_path: Path, pdctl_home: Path, console: Console) -> Iterator[Ma
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(f"SSH test hosts: {reason}")
-    lab = SshLab.create(tmp_path_factory.mktemp("ssh-lab"), count=3)
-    try:
+    with running_lab(tmp_path_factory.mktemp("ssh-lab"), count=3) as lab:
         yield lab
-    finally:
-        lab.close()
 
 
 @pytest.fixture(scope="session")

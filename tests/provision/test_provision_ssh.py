@@ -32,7 +32,7 @@ from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
 from pdctl.topology import Topology
 from tests.conftest import free_port
-from tests.support.netns import SshLab, unavailable
+from tests.support.netns import SshLab, running_lab
 
 from .support import FAKEBIN, host_root, make_wheel, topology
 
@@ -44,14 +44,8 @@ PYTHON_LAYOUT = HostLayout(path=(str(Path(sys.executable).parent),))
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(f"SSH test hosts: {reason}")
-    lab = SshLab.create(tmp_path_factory.mktemp("prov-lab"), count=2)
-    try:
+    with running_lab(tmp_path_factory.mktemp("prov-lab"), count=2) as lab:
         yield lab
-    finally:
-        lab.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.netns import SshLab, unavailable
+from tests.support.netns import SshLab, running_lab
 
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
-    reason = unavailable()
-    if reason:
-        pytest.skip(f"SSH test hosts: {reason}")
-    lab = SshLab.create(tmp_path_factory.mktemp("ssh-lab"), count=3)
-    try:
+    with running_lab(tmp_path_factory.mktemp("ssh-lab"), count=3) as lab:
         yield lab
-    finally:
-        lab.close()

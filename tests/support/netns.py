@@ -19,8 +19,12 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 SSHD = "/usr/sbin/sshd"
 PREFIX = "pd"
@@ -236,3 +240,18 @@ def _remove_stale() -> None:
         else:
             _kill_netns_pids(name)
             _ip("netns", "del", name, check=False)
+
+
+@contextmanager
+def running_lab(directory: Path, count: int) -> Iterator[SshLab]:
+    """A lab for a fixture; skipped with the reason where namespaces cannot exist, except under CI (must run)."""
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"SSH test hosts are required in CI but cannot be created: {reason}")
+        pytest.skip(f"SSH test hosts: {reason}")
+    lab = SshLab.create(directory, count=count)
+    try:
+        yield lab
+    finally:
+        lab.close()
