@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair
+from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair, wait_for_health
 
 SPEED = 1000
 BLOCK = 16
@@ -59,16 +58,8 @@ def start_router(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     router = RouterProc(f"http://127.0.0.1:{port}", log_path, proc)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{router.log_text()[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{router.url}/health", timeout=1).status_code == 200:
-                return router
-        time.sleep(0.05)
-    router.stop()
-    raise RuntimeError(f"router did not answer /health in 30s:\n{router.log_text()[-2000:]}")
+    wait_for_health("router", router.url, proc, router.log_text, router.stop, 30)
+    return router
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,16 +119,25 @@ def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     sim = SimProc(name, role, f"http://127.0.0.1:{port}", port, side_port, log_path, proc)
+    wait_for_health(f"simulator {name}", sim.url, proc, sim.log_text, sim.stop, wait_s)
+    return sim
+
+
+def wait_for_health(
+    what: str, url: str, proc: subprocess.Popen[bytes], log_text: Callable[[], str], stop: Callable[[], None],
+    wait_s: float,
+) -> None:
+    """Wait until `url`/health answers 200; on death or timeout stop the process and raise with its log's tail."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"simulator {name} exited with {proc.returncode}:\n{sim.log_text()[-2000:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{sim.url}/health", timeout=1).status_code == 200:
-                return sim
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
         time.sleep(0.05)
-    sim.stop()
-    raise RuntimeError(f"simulator {name} did not answer /health within {wait_s}s:\n{sim.log_text()[-2000:]}")
+    stop()
+    raise RuntimeError(f"{what} did not answer /health within {wait_s}s:\n{log_text()[-2000:]}")
 
 
 @contextlib.contextmanager
