@@ -34,6 +34,10 @@ READ_BYTES_PER_MS = 210e9 / 1e3
 DESCRIPTOR_MS = 0.007
 # Posting a transfer and its notification (Avg post time floor in the kvmetrics lines).
 READ_POST_MS = 0.7
+# A D->P readback's request also waits in WAITING_FOR_REMOTE_KVS for engine steps and the read's notification:
+# the gap between the anchor's ON TTFT and its compute + transfer at 2.6k tokens (fitted once the simulator
+# answered keep-alive requests without delayed ACKs).
+READBACK_WAIT_MS = 38.0
 
 
 def prefill_compute_ms(new_tokens: int, context_tokens: int = 0) -> float:
