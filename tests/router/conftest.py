@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair, wait_for_health
+from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair, stop_group, wait_for_health
 
 SPEED = 1000
 BLOCK = 16
@@ -36,15 +35,7 @@ class RouterProc:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc)
 
 
 def start_router(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *args: str,

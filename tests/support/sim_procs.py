@@ -52,15 +52,7 @@ class SimProc:
         return sum(float(v) for v in pattern.findall(text))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc)
 
 
 @dataclass
@@ -121,6 +113,19 @@ def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float
     sim = SimProc(name, role, f"http://127.0.0.1:{port}", port, side_port, log_path, proc)
     wait_for_health(f"simulator {name}", sim.url, proc, sim.log_text, sim.stop, wait_s)
     return sim
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process's whole group, SIGKILL it after 5 s."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
 
 
 def wait_for_health(

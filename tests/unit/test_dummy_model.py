@@ -99,7 +99,8 @@ def test_unknown_words_map_to_unk(tokenizer: Tokenizer) -> None:
 
 
 def test_chat_template_renders_histories_as_prefixes(model_dir: Path) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers  # in the dev extra; slow to import, so only here
+
     tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     turn1 = [{"role": "user", "content": "w1 w2 hello"}, {"role": "assistant", "content": "w3 w4"}]
     turn2 = [*turn1, {"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6 w7"}]
