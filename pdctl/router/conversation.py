@@ -11,6 +11,7 @@ is what makes reuse safe, this only finds the candidate.
 from __future__ import annotations
 
 import uuid
+from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,18 +79,26 @@ def _chain(root: int, items: Sequence[Hashable]) -> list[int]:
     return hashes
 
 
-def _chunks(text: str) -> list[str]:
+def _chunks(text: str | bytes) -> list[str | bytes]:
     return [text[i : i + CHUNK] for i in range(0, len(text) - len(text) % CHUNK, CHUNK)]
 
 
-def prompt_text(prompt: Any) -> str | None:
-    """A completions prompt as one string (token-id prompts as `1,2,3,`); None for batches."""
+def _token_bytes(ids: Sequence[int]) -> bytes | None:
+    # int32 bytes: 30x cheaper than a decimal string for a 24k-token prompt (7 ms -> 0.2 ms on the router's path)
+    try:
+        return array("i", ids).tobytes()
+    except (TypeError, OverflowError):
+        return None
+
+
+def prompt_text(prompt: Any) -> str | bytes | None:
+    """A completions prompt as one string, token-id prompts as their int32 bytes; None for batches."""
     if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return "".join(f"{t}," for t in prompt)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return _token_bytes(prompt)
     return None
 
 
@@ -105,13 +114,14 @@ class Derivation:
         if self.kind == "chat":
             return ("c", hash((self.base, message_key({"role": "assistant", **reply}))))
         if self.kind in ("prompt", "tokens"):
-            text: str = self.base
+            text: str | bytes
             if self.kind == "tokens":
-                if output_ids is None:
+                tail = _token_bytes(output_ids) if output_ids is not None else None
+                if tail is None:
                     return None
-                text += "".join(f"{t}," for t in output_ids)
+                text = self.base + tail
             else:
-                text += str(reply.get("content") or "")
+                text = self.base + str(reply.get("content") or "")
             chain = _chain(_PROMPT_ROOT, _chunks(text))
             return ("p", chain[-1], len(text), hash(text))
         return None
@@ -161,7 +171,7 @@ class DerivedIndex:
         text = prompt_text(prompt)
         if text is None:
             return Derivation("none", None)
-        kind = "prompt" if isinstance(prompt, str) or not isinstance(prompt[0], int) else "tokens"
+        kind = "tokens" if isinstance(text, bytes) else "prompt"
         chain = _chain(_PROMPT_ROOT, _chunks(text))
         for k in range(len(chain) - 1, -1, -1):
             bucket = self._prompt.get(chain[k])

@@ -23,17 +23,24 @@ def test_chat_continues_when_history_equals_messages_plus_reply() -> None:
     turn2 = [*turn1, {"role": "assistant", "content": "hello there"}, {"role": "user", "content": "more"}]
     assert index.derive_chat(turn2).cid == "d:1"
     # list-form content and reasoning fields do not matter for finding the conversation
-    edited = [SYS, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-              {"role": "assistant", "content": "hello there ", "reasoning_content": "hmm"},
-              {"role": "user", "content": "more"}]
+    edited = [
+        SYS,
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": "hello there ", "reasoning_content": "hmm"},
+        {"role": "user", "content": "more"},
+    ]
     assert index.derive_chat(edited).cid == "d:1"
     thought = [*turn1, {"role": "assistant", "content": "<think>hmm</think>\n\nhello there"}]
     index.add(index.derive_chat(turn1).reply_key({"content": "<think>x</think>hello there"}, None), "d:2")
     assert index.derive_chat([*thought, {"role": "user", "content": "more"}]).cid == "d:2"
     assert index.derive_chat(turn2).cid == "d:2"  # the reasoning-stripped history finds it too
     index.discard(index.derive_chat(turn1).reply_key({"content": "hello there"}, None), "d:2")
-    other = [SYS, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "bye"},
-             {"role": "user", "content": "more"}]
+    other = [
+        SYS,
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "bye"},
+        {"role": "user", "content": "more"},
+    ]
     assert index.derive_chat(other).cid is None
     index.discard(key, "d:1")
     assert index.derive_chat(turn2).cid is None
@@ -44,9 +51,11 @@ def test_chat_tool_calls_are_part_of_the_reply() -> None:
     turn1 = [{"role": "user", "content": "weather?"}]
     call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     index.add(index.derive_chat(turn1).reply_key({"content": "", "tool_calls": [{"function": call}]}, None), "d:t")
-    turn2 = [*turn1, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": call}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
     assert index.derive_chat(turn2).cid == "d:t"
 
 
@@ -72,3 +81,21 @@ def test_token_prompts_continue_with_the_output_token_ids() -> None:
 def test_batches_cannot_take_part() -> None:
     assert prompt_text(["a", "b"]) is None
     assert DerivedIndex().derive_prompt([[1, 2], [3]]).kind == "none"
+
+
+def test_a_long_token_prompt_nested_once_continues_like_a_flat_one() -> None:
+    index = DerivedIndex()
+    history = list(range(100, 24_100))  # many chunks: the match must use the whole prefix, not a chunk boundary
+    index.add(index.derive_prompt([history]).reply_key({}, [5, 6]), "d:long")
+    assert index.derive_prompt([*history, 5, 6, 1]).cid == "d:long"
+    assert index.derive_prompt([[*history, 5, 6, 1]]).cid == "d:long"
+    assert index.derive_prompt([*history[:-1], 7, 5, 6, 1]).cid is None
+    # a text prompt that spells the same ids is another conversation
+    assert index.derive_prompt("".join(f"{t}," for t in history) + "5,6,1").cid is None
+
+
+def test_prompts_that_are_not_token_ids_take_no_part() -> None:
+    assert prompt_text([1, "2"]) is None
+    assert prompt_text([1, 2.5]) is None
+    assert prompt_text([1, 2**40]) is None
+    assert DerivedIndex().derive_prompt([1, None]).kind == "none"
