@@ -147,7 +147,10 @@ def _python_checks(ctx: Context, get: Any, out: HostChecks) -> None:
         have = venv.version("pdctl")
         out.add("pdctl", have == pdctl.__version__, f"{have or 'missing'} (CLI {pdctl.__version__})",
                 "`pdctl up` ships it")
-    if ctx.vllm:
+    if ctx.vllm and venv.version("vllm") is None:
+        out.add("kv_transfer_params streaming", False, "vllm not installed yet",
+                f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must")
+    elif ctx.vllm:
         state = get(VllmCompat(ctx.python))
         out.add("kv_transfer_params streaming", state in ("native", "patched"), state or "unknown",
                 "`pdctl up` applies pdctl's patch" if state == "needs-patch" else "pin vLLM 0.33.0 or 0.26.0")

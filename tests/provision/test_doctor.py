@@ -60,7 +60,10 @@ def test_doctor_on_a_fresh_gpu_host_lists_what_is_missing(tmp_path: Path, host: 
         "fix": "`pdctl up` installs 1.47.0 (set efa.sha256)",
     }
     assert by_name["python"]["status"] == "fail"
-    assert by_name["kv_transfer_params streaming"]["status"] == "fail"
+    assert by_name["kv_transfer_params streaming"] == {
+        "name": "kv_transfer_params streaming", "status": "fail", "value": "vllm not installed yet",
+        "fix": "`pdctl up` installs vllm 0.26.0 and patches it if it must",
+    }
     assert by_name["model"]["status"] == "fail"
     assert by_name["ports"]["status"] == "ok"
 
