@@ -8,6 +8,11 @@ the other cores. Prints one table (and --json). Every request is a new conversat
 
     python scripts/router_bench.py                      # 1, 64 and 256 concurrent streams, 5 s each
     python scripts/router_bench.py --seconds 10 --json bench.json
+
+`--long 2000,8000,16000,24000` measures instead what a long multi-turn conversation costs: token-id conversations
+(pdctl bench's workload: each turn = the previous prompt + its 64 output ids + 512 new ids) played one at a time
+through the router (turns 2+ take the KV-reuse path) and through the naive proxy (every turn a miss), with the
+engines at zero delay, so the TTFT is what the proxy and the engines' HTTP handling cost at that prompt length.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "Qwen"
 MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
@@ -220,6 +227,8 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=0,
                     help="simulated P+D pairs, so the engines are not the bottleneck (default: by core count)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--long", default="", help="comma-separated prompt lengths: time long conversations instead")
+    ap.add_argument("--conversations", type=int, default=5, help="with --long: conversations per length")
     ap.add_argument("--naive-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.naive_serve:
@@ -257,6 +266,10 @@ def main() -> None:
         running += [router, naive]
         wait_health(f"http://127.0.0.1:{rp}", router, "router")
         wait_health(f"http://127.0.0.1:{np_}", naive, "naive proxy")
+        if args.long:
+            long_report([int(n) for n in args.long.split(",")], f"http://127.0.0.1:{rp}",
+                        f"http://127.0.0.1:{np_}", args)
+            return
         targets = [{"mode": "direct", "prefill": ",".join(purls), "decode": ",".join(durls)},
                    {"mode": "router", "url": f"http://127.0.0.1:{rp}"},
                    {"mode": "naive", "url": f"http://127.0.0.1:{np_}"}]
@@ -276,6 +289,44 @@ def main() -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
     report(rows, cores, pairs, args)
+
+
+def long_ttfts(url: str, lengths: list[int], conversations: int, leg: str) -> dict[int, list[float]]:
+    from pdctl.bench.client import ClientOptions, play
+    from pdctl.bench.workload import Conversation, WorkloadSpec, build
+
+    spec = WorkloadSpec(lengths=tuple(lengths), conversations=conversations, turns=3, user_tokens=512,
+                        output_tokens=64, api="completions")
+    opts = ClientOptions(url=url, model=MODEL, api="completions", output_tokens=64)
+    out: dict[int, list[float]] = {}
+    for n in lengths:
+        convs = [Conversation(p, "completions", f"{leg}-{p.key}") for p in build(spec) if p.length == n]
+        records = asyncio.run(play(convs, opts, leg))
+        bad = [r.error for r in records if not r.ok]
+        if bad:
+            sys.exit(f"{leg} at {n} tokens: {bad[0]}")
+        if leg == "router" and any(r.reuse != "hit" for r in records if r.turn >= 1):
+            sys.exit(f"router at {n} tokens: a turn 2+ was not a hit")
+        out[n] = [r.ttft_ms for r in records if r.turn >= 1 and r.ttft_ms is not None]
+    return out
+
+
+def long_report(lengths: list[int], router_url: str, naive_url: str, args: argparse.Namespace) -> None:
+    long_ttfts(router_url, lengths[:1], 1, "warmup")
+    long_ttfts(naive_url, lengths[:1], 1, "warmup")
+    router = long_ttfts(router_url, lengths, args.conversations, "router")
+    naive = long_ttfts(naive_url, lengths, args.conversations, "naive")
+    print(f"\nmedian TTFT of turns 2-3 (ms), {args.conversations} conversations per length, one at a time; engines "
+          "simulated at zero delay; router and naive proxy each pinned to 1 core")
+    print("| prompt tokens | router (reuse path) | naive proxy (recompute path) | router - naive |")
+    print("|---|---|---|---|")
+    rows = []
+    for n in lengths:
+        r, p = statistics.median(router[n]), statistics.median(naive[n])
+        rows.append({"length": n, "router_ms": round(r, 2), "naive_ms": round(p, 2)})
+        print(f"| {n} | {r:.1f} | {p:.1f} | {r - p:+.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"long": rows, "conversations": args.conversations}, indent=1))
 
 
 def report(rows: list[dict[str, Any]], cores: list[int], pairs: int, args: argparse.Namespace) -> None:
