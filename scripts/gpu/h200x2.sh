@@ -8,6 +8,7 @@
 #   scripts/gpu/h200x2.sh up               pdctl up (provision offline, patch vLLM, start, smoke test) + status
 #   scripts/gpu/h200x2.sh bench ARGS...    pdctl bench in the background (survives the call); then `wait`
 #   scripts/gpu/h200x2.sh wait SECONDS     wait for the bench, copy its report to $OUT
+#   scripts/gpu/h200x2.sh direct ARGS...   router vs hand-made P/D hops on the running deployment
 #   scripts/gpu/h200x2.sh down             pdctl down, then nvidia-smi to show the GPUs are empty
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,7 +37,8 @@ case $stage in
     "$hostpy" "$repo/scripts/make_dummy_model.py" --out /root/models/qwen3-32b-dummy || exit 1
     nvidia-smi topo -m | tee "$out/topo.txt"
     "$cli" --version
-    "$cli" doctor -t "$topo" "${sets[@]}" 2>&1 | tee "$out/doctor.txt"
+    # before `up`, vLLM and NIXL are missing: doctor lists them (exit 1) with what `up` will do about it
+    "$cli" doctor -t "$topo" "${sets[@]}" 2>&1 | tee "$out/doctor.txt" || true
     ;;
   up)
     "$cli" up -t "$topo" "${sets[@]}" "$@" 2>&1 | tee "$out/up.txt"
@@ -58,6 +60,10 @@ case $stage in
     tar -C "$base" -czf "$out/bench-out.tgz" bench-out   # $OUT returns at most 8 files
     cp "$base/bench-out/report.md" "$out/" 2>/dev/null
     tail -40 "$base/bench.log"
+    ;;
+  direct)
+    # the router against two hops done by hand, on the running deployment (scripts/gpu/direct_vs_router.py)
+    "$hostpy" "$repo/scripts/gpu/direct_vs_router.py" --json "$out/direct.json" "$@" 2>&1 | tee "$out/direct.txt"
     ;;
   down)
     "$cli" down -t "$topo" 2>&1 | tee "$out/down.txt"
