@@ -51,8 +51,8 @@ class Model(Strict):
     block_size: int | None = Field(
         None,
         gt=0,
-        description="KV block size in tokens; default: 256 for vLLM over UCX (measured fastest on NVLink, "
-        "docs/results/h200x2-b256), else the engine's (16).",
+        description="KV block size in tokens; default: 256 for vLLM over UCX (measured on NVLink: "
+        "docs/results), else the engine's (16).",
     )
     local_dir: str | None = Field(None, description="Model directory on the nodes; replaces the hub download.")
     load_format: str | None = Field(None, description="vLLM --load-format, e.g. `dummy` for random weights.")
@@ -227,7 +227,8 @@ class Topology(Strict):
         """The KV block size the instance runs with; None leaves vLLM's own default (16).
 
         Over UCX (NVLink), D->P reads cost per descriptor (blocks x layers x 2), not per byte: block size 256 cut
-        the ON TTFT at 24k tokens from 550 to 293 ms on two H200s. EFA is not measured yet, so it keeps vLLM's.
+        the median ON TTFT at 24k tokens from 543 to 345 ms on two H200s (docs/results). EFA is not measured yet,
+        so it keeps vLLM's.
         """
         size = self.model_for(inst).block_size
         if size is None and self.engine == "vllm" and self.connector.backend == "UCX":
