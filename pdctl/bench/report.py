@@ -109,6 +109,7 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += _reuse_section(result.legs)
     lines += _prefill_section(splits, names, lengths, result.legs)
+    lines += _after_prefill_section(result.legs, names, lengths)
     lines += [
         "",
         "## Plots",
@@ -154,6 +155,21 @@ def _prefill_section(
                 cells.append(f"{s.total_ms:.1f} ({s.kv_ms:.1f} + {s.compute_ms:.1f})")
             else:
                 cells.append(f"{s.total_ms:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _after_prefill_section(legs: list[LegResult], names: list[str], lengths: list[int]) -> list[str]:
+    """TTFT minus the prefill hop: the decode admitting the request, pulling the blocks it lacks, its first step."""
+    lines = ["", "## After the prefill: TTFT minus prefill of turns 2+ (ms, mean): the decode's part", ""]
+    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    by_leg = {leg.name: leg for leg in legs}
+    for n in lengths:
+        cells = []
+        for name in names:
+            gaps = [r.ttft_ms - r.prefill_ms for r in by_leg[name].records
+                    if r.length == n and r.turn >= 1 and r.ok and r.ttft_ms is not None and r.prefill_ms is not None]
+            cells.append(_fmt(sum(gaps) / len(gaps)) if gaps else "-")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return lines
 

@@ -30,6 +30,10 @@ def test_report_files_from_the_real_h200_run(tmp_path: Path) -> None:
     assert "simulated" not in md.lower()
     assert "| on | 16 | 16 | 0 | 0 | 100% |" in md
     assert "off/on" in md and "ttft_vs_length.png" in md and "prefill_split.png" in md
+    # the recorded prefill hop is 80 % of each TTFT, so the decode's part is the mean of the other 20 %
+    on_24k = [r.ttft_ms for r in bench().legs[1].records if r.length == 24000 and r.turn >= 1]
+    row = next(line for line in md.split("## After the prefill")[1].splitlines() if line.startswith("| 24000 |"))
+    assert row.strip(" |").split(" | ")[2] == f"{0.2 * sum(on_24k) / len(on_24k):.1f}"
 
 
 def test_ratio_grows_with_length_on_the_real_run() -> None:
