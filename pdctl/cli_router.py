@@ -37,6 +37,12 @@ def serve(
     partial_reuse: Annotated[
         bool, typer.Option("--partial-reuse/--no-partial-reuse", help="On divergence reuse the verified blocks.")
     ] = True,
+    local_prefill_tokens: Annotated[
+        int,
+        typer.Option(help="Conditional disaggregation: a turn whose decode already holds all but at most this many "
+                     "of the prompt's tokens is computed there, without the prefill hop; 0: always disaggregate. "
+                     "Needs --verify-prefix."),
+    ] = 0,
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key clients must send.")] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 32 * 1024 * 1024,
     max_handles: Annotated[int, typer.Option(help="Most decode handles kept (least recently used go).")] = 4096,
@@ -55,7 +61,8 @@ def serve(
     config = call(lambda: RouterConfig(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
-        partial_reuse=partial_reuse, api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
+        partial_reuse=partial_reuse, local_prefill_tokens=local_prefill_tokens,
+        api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
         eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
     ))

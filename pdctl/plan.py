@@ -181,6 +181,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
     if not r.verify_prefix:
         argv.append("--no-verify-prefix")
+    if r.local_prefill_tokens:
+        argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Role = Literal["prefill", "decode"]
 
@@ -120,6 +120,19 @@ class Router(Strict):
     handle_ttl: float = Field(450, gt=0, description="Seconds the router trusts a decode handle.")
     api_key_env: str | None = Field(None, description="Env var holding the API key clients must send.")
     verify_prefix: bool = Field(True, description="Reuse only KV whose tokens match the new prompt.")
+    local_prefill_tokens: int = Field(
+        0,
+        ge=0,
+        description="Conditional disaggregation: a turn whose decode already caches all but at most this many of "
+        "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
+        "the decode's other streams one step of that many tokens); 0: always disaggregate.",
+    )
+
+    @model_validator(mode="after")
+    def _local_needs_ids(self) -> Router:
+        if self.local_prefill_tokens and not self.verify_prefix:
+            raise ValueError("local_prefill_tokens needs verify_prefix: true (it counts the prompt's cached tokens)")
+        return self
 
 
 class Efa(Strict):

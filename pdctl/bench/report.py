@@ -127,13 +127,15 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
 
 def _reuse_section(legs: list[LegResult]) -> list[str]:
     lines = ["", "## KV reuse (router `X-PD-KV-Reuse`, turns 2+) and prefill-side KV transfer", ""]
-    lines += ["| leg | warm turns | hit | partial | miss | hit rate | transfers | GiB | avg transfer ms | source |"]
-    lines += ["|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| leg | warm turns | hit | partial | miss | hit rate | on the decode alone | transfers | GiB | "
+              "avg transfer ms | source |"]
+    lines += ["|---|---|---|---|---|---|---|---|---|---|---|"]
     for leg in legs:
         c = reuse_counts(leg.records)
         kv = leg.kv
         lines.append(
-            f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {kv.transfers} | "
+            f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {c.local} | "
+            f"{kv.transfers} | "
             f"{kv.bytes / 2**30:.2f} | {kv.avg_xfer_ms:.1f} | {kv.source} |"
         )
     return lines

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pdctl.bench.records import LegResult, RequestRecord
+from pdctl.router.verify import LOCAL_REASON
 
 METRICS = ("ttft_ms", "tpot_ms", "latency_ms", "prefill_ms")
 
@@ -32,6 +33,7 @@ class Reuse:
     partial: int
     miss: int
     unknown: int
+    local: int = 0  # hits the decode ran alone (the router's conditional disaggregation)
 
     @property
     def rate(self) -> float:
@@ -48,6 +50,7 @@ def reuse_counts(records: Iterable[RequestRecord]) -> Reuse:
         partial=outcomes.count("partial"),
         miss=outcomes.count("miss"),
         unknown=sum(1 for o in outcomes if o not in ("hit", "partial", "miss")),
+        local=sum(1 for r in warm if r.reuse_reason == LOCAL_REASON),
     )
 
 

@@ -85,6 +85,13 @@ class Capture:
         return seq[:n] if len(seq) >= n else None
 
 
+    def computed_tokens(self) -> list[int] | None:
+        """Prompt + output ids of a request the decode ran alone (no handle comes back for those)."""
+        if self.prompt_ids is None or not self.ids_seen:
+            return None
+        return self.prompt_ids + self.output_ids
+
+
 class SseRewriter:
     """Splits a decode's SSE byte stream into events, feeds each to a Capture, re-emits the stripped event."""
 

@@ -18,6 +18,7 @@ class RouterConfig:
     expiry_margin: float = 10.0
     verify_prefix: bool = True
     partial_reuse: bool = True
+    local_prefill_tokens: int = 0
     api_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = 32 * 1024 * 1024
     max_handles: int = 4096
@@ -44,6 +45,8 @@ class RouterConfig:
                 f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
                 f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"
             )
+        if self.local_prefill_tokens < 0:
+            problems.append(f"--local-prefill-tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.load_factor < 1:
             problems.append(f"--load-factor must be >= 1, got {self.load_factor:g}")
         for url in (*self.prefill, *self.decode):

@@ -47,13 +47,15 @@ def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> bytes:
 async def run(
     state: RouterState, receive: Receive, send: Send, path: str, rid: str, chat: bool, body: dict[str, Any],
     params: dict[str, Any] | None, holder: str, headers: list[tuple[bytes, bytes]], started: float,
+    only: Upstream | None = None,
 ) -> DecodeResult:
+    """Stream the decode's answer to the client; `only` tries that one decode and no other (a local turn)."""
     payload = decode_body(body, params)
     stream = bool(body.get("stream"))
     keep_ids = bool(body.get("return_token_ids"))
     tried: list[Upstream] = []
-    for _ in range(MAX_ATTEMPTS):
-        d = state.decode_policy.pick(state.decode, holder, exclude=tried)
+    for _ in range(1 if only else MAX_ATTEMPTS):
+        d = only or state.decode_policy.pick(state.decode, holder, exclude=tried)
         if d is None:
             break
         tried.append(d)

@@ -32,6 +32,9 @@ class Handle:
     received: float
     deadline: float
     derived_key: Hashable | None = field(default=None, compare=False)
+    # Token ids the decode computed for this conversation in local turns after the handle's own (its prefix
+    # cache holds them, unpinned); None until a turn ran on the decode alone.
+    cached: array[int] | None = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -21,8 +21,11 @@ class RouterMetrics:
                                 registry=r)
         self.reuse = Counter("pdctl_router_kv_reuse", "KV reuse outcomes by reason.", ["outcome", "reason"],
                              registry=r)
-        self.reused_tokens = Counter("pdctl_router_reused_tokens", "Tokens the prefill read from a decode.",
-                                     registry=r)
+        self.reused_tokens = Counter("pdctl_router_reused_tokens",
+                                     "Prompt tokens not recomputed: read by the prefill from a decode, or found "
+                                     "in the decode's own cache on a local turn.", registry=r)
+        self.local_turns = Counter("pdctl_router_local_turns", "Turns the decode ran alone (conditional "
+                                   "disaggregation), without the prefill hop.", registry=r)
         self.prefill_seconds = Histogram("pdctl_router_prefill_duration_seconds", "Prefill hop wall time.",
                                          buckets=_MS_BUCKETS, registry=r)
         self.ttft_seconds = Histogram("pdctl_router_ttft_seconds", "Router-observed time to first streamed byte.",
@@ -37,6 +40,7 @@ class RouterMetrics:
         self.outcomes: Tally[str] = Tally({"hit": 0, "partial": 0, "miss": 0})
         self.reasons: Tally[str] = Tally()
         self.reused_tokens_total = 0
+        self.local_turns_total = 0
         self.eligible = 0
 
     def request(self, route: str, status: int) -> None:
@@ -52,6 +56,10 @@ class RouterMetrics:
         if tokens:
             self.reused_tokens.inc(tokens)
 
+    def local_turn(self) -> None:
+        self.local_turns_total += 1
+        self.local_turns.inc()
+
     def error(self, role: str, kind: str) -> None:
         self.upstream_errors.labels(role, kind).inc()
 
@@ -62,6 +70,7 @@ class RouterMetrics:
             "reuse": dict(self.outcomes),
             "reuse_reasons": dict(self.reasons),
             "reused_tokens_total": self.reused_tokens_total,
+            "local_turns": self.local_turns_total,
             "hit_rate": round(reused / self.eligible, 4) if self.eligible else 0.0,
             "eligible_turns": self.eligible,
             "live_handles": live_handles,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
+from array import array
+from dataclasses import replace
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -18,7 +20,7 @@ from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.handles import NOT_ELIGIBLE, Handle, Taken
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
-from pdctl.router.verify import Verdict, as_tokens, hit_params, miss, verify
+from pdctl.router.verify import LOCAL_REASON, Verdict, as_tokens, hit_params, matching_blocks, miss, verify
 
 log = logging.getLogger("pdctl.router")
 
@@ -54,21 +56,41 @@ def conversation(
     return d.cid or new_id(), d
 
 
-async def _verdict(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any], taken: Taken) -> Verdict:
+async def _prompt_ids(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any]) -> array[int] | None:
+    """The prompt's token ids: as sent for a token-id completion, else from the prefill's /tokenize."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    ids = as_tokens(prompt) if not chat and isinstance(prompt, list) else None
+    return ids if ids is not None else await prefill.tokenize(state, p, chat, body)
+
+
+def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdict:
     h = taken.handle
     if h is None:
         return miss(taken.reason)
     if not state.config.verify_prefix:
         return Verdict("hit", "unverified", h.num_tokens, hit_params(h.params))
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    ids = as_tokens(prompt) if not chat and isinstance(prompt, list) else None
-    if ids is None:
-        ids = await prefill.tokenize(state, p, chat, body)
     if ids is None:
         return miss("tokenize_failed")
     return verify(h.params, h.tokens, ids, state.config.block_size, state.config.partial_reuse)
+
+
+def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -> tuple[Upstream, int] | None:
+    """Conditional disaggregation: the decode holding the conversation, and how many of the prompt's tokens its
+    prefix cache holds, when it lacks at most `local_prefill_tokens` of them; else None (disaggregate)."""
+    limit = state.config.local_prefill_tokens
+    if limit <= 0 or h is None or ids is None:
+        return None
+    known = h.cached if h.cached is not None else h.tokens
+    holder = next((u for u in state.decode.healthy() if u.url == h.decode_url), None)
+    if known is None or holder is None:
+        return None
+    bs = state.config.block_size
+    cached = matching_blocks(known, ids, bs) * bs  # vLLM's prefix cache holds whole blocks
+    if cached == 0 or len(ids) - cached > limit:
+        return None
+    return holder, cached
 
 
 async def completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
@@ -86,7 +108,13 @@ async def completion(state: RouterState, scope: Scope, receive: Receive, send: S
         return
     taken = state.handles.take(cid) if cid else Taken(None, NOT_ELIGIBLE)
     try:
-        verdict = await _verdict(state, p, chat, body, taken)
+        need_ids = taken.handle is not None and state.config.verify_prefix
+        ids = await _prompt_ids(state, p, chat, body) if need_ids else None
+        local = local_decode(state, taken.handle, ids)
+        if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
+                                                   derivation, started):
+            return
+        verdict = _verdict(state, taken, ids)
         pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict)
         v = pre.verdict
         state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
@@ -110,6 +138,36 @@ async def completion(state: RouterState, scope: Scope, receive: Receive, send: S
     finally:
         if taken.handle is not None and cid is not None:
             state.handles.release(cid)
+
+
+async def _local_turn(
+    state: RouterState, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool,
+    body: dict[str, Any], taken: Taken, local: tuple[Upstream, int], derivation: Derivation | None, started: float,
+) -> bool:
+    """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
+
+    The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
+    compute the rest. False when the decode failed before its first byte: the caller then disaggregates.
+    """
+    d, cached = local
+    h = taken.handle
+    assert h is not None
+    header = f"hit;tokens={cached};reason={LOCAL_REASON}"
+    headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
+    res = await decode.run(state, receive, send, scope["path"], rid, chat, body, None, h.decode_url, headers,
+                           started, only=d)
+    if not res.sent:
+        log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
+        return False
+    state.metrics.reuse_outcome("hit", LOCAL_REASON, cached, True)
+    state.metrics.local_turn()
+    log.info("[%s] Ran on the decode alone (kv %s)", rid, header)
+    capture = res.capture
+    computed = capture.computed_tokens() if capture is not None else None
+    key = derivation.reply_key(capture.reply(), capture.output_ids) if capture and derivation else None
+    # The pinned handle goes back for the next turn, with what the decode now caches beyond it.
+    state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached))
+    return True
 
 
 def _keep(state: RouterState, cid: str, derivation: Derivation | None, capture: Capture, decode_url: str) -> None:

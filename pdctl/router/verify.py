@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 Outcome = Literal["hit", "partial", "miss"]
 
+# The reason of a hit the decode served alone from its own prefix cache (`--local-prefill-tokens`).
+LOCAL_REASON = "decode_local"
+
 MISS_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,

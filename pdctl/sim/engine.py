@@ -169,6 +169,9 @@ class Engine:
         pool.write(new_ids, seq, first_block=len(hit_ids), held=held)
         self.gauges()
         self.metrics.lab(self.metrics.prompt_tokens).inc(n)
+        if pool.prefix_caching:
+            self.metrics.lab(self.metrics.cache_queries).inc(n)
+            self.metrics.lab(self.metrics.cache_hits).inc(hit)
         overhead = timing.DECODE_OVERHEAD_MS if is_d else timing.PREFILL_OVERHEAD_MS
         await pacer.wait_ms(overhead + read_ms + cfg.extra_latency_ms)
         compute_ms = timing.prefill_compute_ms(n - hit - pulled, hit + pulled)

@@ -26,6 +26,10 @@ class SimMetrics:
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", labels, registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                     labels, registry=r)
+        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", labels,
+                                  registry=r)
         self.xfer_time = Histogram(
             "vllm:nixl_xfer_time_seconds", "NIXL read time.", labels, buckets=XFER_BUCKETS, registry=r
         )
@@ -47,6 +51,7 @@ class SimMetrics:
             "pdctl_sim_corrupt_reuse", "KV reuses whose blocks did not hold the prompt's prefix.", labels, registry=r
         )
         for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens,
+                       self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
                        self.failed_notifs, self.expired, self.corrupt):
             metric.labels(**self._values)

@@ -83,3 +83,19 @@ def test_summary_table_renders_means_ratios_and_hit_rates() -> None:
     assert [c.strip() for c in row.strip("│ ").split("│")] == ["24000", "3826", "679", "5.64"]
     hits = next(line for line in text.splitlines() if "hit rate" in line)
     assert "0%" in hits and "100%" in hits
+
+
+def test_turns_the_decode_ran_alone_are_counted_as_hits_and_shown() -> None:
+    from dataclasses import replace
+
+    from pdctl.bench.stats import reuse_counts
+
+    result = bench()
+    on = result.legs[1]
+    on.records = [replace(r, reuse_reason="decode_local", prefill_ms=0.0) if r.turn == 1 else r for r in on.records]
+    c = reuse_counts(on.records)
+    warm_1 = sum(1 for r in on.records if r.turn == 1)
+    assert c.local == warm_1 > 0 and c.rate == 1.0
+    assert reuse_counts(result.legs[0].records).local == 0
+    row = next(line for line in report._reuse_section(result.legs) if line.startswith("| on |"))
+    assert row.split(" | ")[6] == str(warm_1)

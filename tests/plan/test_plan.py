@@ -116,3 +116,14 @@ def test_explicit_block_size_and_efa_keep_theirs() -> None:
     assert [_block_size_arg(s.argv) for s in explicit] == ["16", "16", "16"]
     efa = plan(load(ROOT / "configs/p5en-1p1d.yaml"), SELF_PYTHON)
     assert [_block_size_arg(s.argv) for s in efa] == [None, None, "16"]
+
+
+def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> None:
+    from pdctl.errors import TopologyError
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--local-prefill-tokens" not in router.argv  # off unless asked for
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
+    with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
+        load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024", "router.verify_prefix=false"])
