@@ -15,11 +15,14 @@ import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "docs/results"
-RUNS = {"h200x2": "run 1", "h200x2-b256": "run 1", "h200x2-run2": "run 2"}
+RUNS = {"h200x2": "run 1", "h200x2-b256": "run 1", "h200x2-run2": "run 2", "h200x2-graphs-local": "run 4",
+        "h200x2-graphs-local-r2": "run 5"}
 LENGTHS = (2000, 8000, 16000, 24000)
 # leg name in a run -> the setting it measured
 SETTINGS = {"off": "OFF, block 16", "on": "ON, block 16", "on-r2": "ON, block 16", "on-b64": "ON, block 64",
-            "on-b128": "ON, block 128", "on-b256": "ON, block 256", "on-b256-r2": "ON, block 256"}
+            "on-b128": "ON, block 128", "on-b256": "ON, block 256", "on-b256-r2": "ON, block 256",
+            "on-local": "ON, block 256, local <= 1024", "on-graphs": "ON, block 256, CUDA graphs",
+            "on-graphs-local": "ON, block 256, CUDA graphs, local <= 1024"}
 ANCHOR = {"OFF, block 16": "bench-off.json", "ON, block 16": "bench-on.json", "ON, block 128": "bench-onb128.json"}
 
 
@@ -49,7 +52,11 @@ def main() -> None:
     pooled = warm_turns()
     print("| setting | samples per length | " + " | ".join(f"L={n} median / mean" for n in LENGTHS) + " |")
     print("|---|---|" + "---|" * len(LENGTHS))
-    for setting in sorted(pooled, key=lambda s: (s.startswith("ON"), int(s.split()[-1]))):
+    def order(setting: str) -> tuple[bool, int, int]:  # OFF first, then by extra settings, then block size
+        parts = setting.split(",")
+        return setting.startswith("ON"), len(parts), int(parts[1].split()[-1])
+
+    for setting in sorted(pooled, key=order):
         by = pooled[setting]
         cells = [f"{statistics.median(by[n]):.0f} / {statistics.mean(by[n]):.0f}" for n in LENGTHS]
         print(f"| pdctl {setting} | {len(by[LENGTHS[0]])} | " + " | ".join(cells) + " |")
