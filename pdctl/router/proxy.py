@@ -82,6 +82,8 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -
     limit = state.config.local_prefill_tokens
     if limit <= 0 or h is None or ids is None:
         return None
+    if state.handles.clock() - h.received > state.config.handle_lifetime / 2:
+        return None  # disaggregate this turn: it pins a fresh handle before this one expires (else: a full miss)
     known = h.cached if h.cached is not None else h.tokens
     holder = next((u for u in state.decode.healthy() if u.url == h.decode_url), None)
     if known is None or holder is None:
