@@ -75,6 +75,7 @@ class RouterStatus:
     miss: int = 0
     hit_rate: float = 0.0
     reused_tokens_total: int = 0
+    local_turns: int = 0
     live_handles: int = 0
     error: str | None = None
 
@@ -169,6 +170,7 @@ def router_stats(url: str) -> RouterStatus:
         miss=int(reuse.get("miss", 0)),
         hit_rate=float(data.get("hit_rate") or 0.0),
         reused_tokens_total=int(data.get("reused_tokens_total", 0)),
+        local_turns=int(data.get("local_turns", 0)),
         live_handles=int(data.get("live_handles", 0)),
     )
 

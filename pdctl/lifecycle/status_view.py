@@ -47,7 +47,8 @@ def render_status(report: StatusReport, console: Console) -> None:
             console.print(
                 f"router {r.url}: {r.requests_total} requests, reuse hit {r.hit} / partial {r.partial} / "
                 f"miss {r.miss}, hit rate {r.hit_rate:.1%}, {r.reused_tokens_total} tokens reused, "
-                f"{r.live_handles} live handles",
+                + (f"{r.local_turns} turns on the decode alone, " if r.local_turns else "")
+                + f"{r.live_handles} live handles",
                 highlight=False,
             )
     for stray in report.strays:
