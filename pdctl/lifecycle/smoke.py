@@ -6,6 +6,7 @@ The router says what happened in the `X-PD-KV-Reuse: hit|partial|miss;tokens=N;r
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,34 +75,56 @@ def smoke_test(topo: Topology, router_url: str, timeout: float = 120.0) -> Smoke
 def _turn(
     client: httpx.Client, topo: Topology, cid: str, messages: list[dict[str, str]], n: int
 ) -> tuple[str, Reuse]:
+    # Streamed, as agents and the bench use it: vLLM < 0.33 returns the decode's handle only in whole responses.
     body = {
         "model": topo.model.name,
         "messages": messages,
         "max_tokens": 16,
         "temperature": 0,
-        "stream": False,
+        "stream": True,
         "conversation_id": cid,
     }
     try:
-        resp = client.post("/v1/chat/completions", json=body)
+        with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            raw = resp.read()
     except httpx.HTTPError as exc:
         raise SmokeTestError(
             f"smoke test turn {n}: the router at {client.base_url} did not answer: {type(exc).__name__}: {exc}",
             hint="read the router's log: `pdctl logs router`",
         ) from None
+    text = raw.decode("utf-8", errors="replace")
     if resp.status_code != 200:
         raise SmokeTestError(
-            f"smoke test turn {n}: the router answered HTTP {resp.status_code}: {resp.text[:500]}",
+            f"smoke test turn {n}: the router answered HTTP {resp.status_code}: {text[:500]}",
             hint="read the logs: `pdctl logs router`, `pdctl logs prefill-0`, `pdctl logs decode-0`",
         )
-    try:
-        reply = resp.json()["choices"][0]["message"]["content"] or ""
-    except (ValueError, KeyError, IndexError, TypeError):
+    reply = _streamed_content(text)
+    if reply is None:
         raise SmokeTestError(
-            f"smoke test turn {n}: not a chat completion: {resp.text[:300]}",
+            f"smoke test turn {n}: not a chat completion stream: {text[:300]}",
             hint="is the router's upstream a vLLM-compatible server? `pdctl logs router`",
-        ) from None
+        )
     return reply, Reuse.parse(resp.headers.get(HEADER))
+
+
+def _streamed_content(text: str) -> str | None:
+    """The assistant's text from an SSE chat stream; None when it holds no chat chunk at all."""
+    parts: list[str] = []
+    chunks = 0
+    for line in text.splitlines():
+        if not line.startswith("data:") or line.strip() == "data: [DONE]":
+            continue
+        try:
+            event = json.loads(line[5:])
+            choices = event.get("choices") or []
+        except (ValueError, AttributeError):
+            return None
+        chunks += 1
+        for choice in choices:
+            parts.append(((choice or {}).get("delta") or {}).get("content") or "")
+    if "error" in text and not parts:
+        return None
+    return "".join(parts) if chunks else None
 
 
 def _stats(client: httpx.Client) -> dict[str, Any]:

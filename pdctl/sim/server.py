@@ -138,7 +138,7 @@ class SimServer:
                 if i == last:
                     kv = run.finish()
                     yield sse(protocol.chunk(p, rid, created, p.model, token, first=i == 0 and not p.chat,
-                                             final=True, kv=kv))
+                                             final=True, kv=kv if self.cfg.stream_kv_params else None))
                 elif i == 0 and not p.chat:
                     yield sse(protocol.chunk(p, rid, created, p.model, token, first=True, final=False))
                 elif batch:
