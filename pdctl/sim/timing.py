@@ -1,7 +1,8 @@
 """The simulator's time model: pure functions of token and descriptor counts, in milliseconds at speed 1.
 
-Calibrated on vLLM 0.26.0 + NIXL 1.5.1 serving the Qwen3-32B shape on one H200 per role
-(shared/reference/anchor-measurements.md, records in reference/h200x2-2026-11-30/).
+Calibrated on vLLM 0.26.0 + NIXL 1.5.1 serving the Qwen3-32B shape on one H200 per role with `--enforce-eager`
+(shared/reference/anchor-measurements.md, records in reference/h200x2-2026-11-30/); CUDA graphs, pdctl's default on
+GPUs, make the real engines faster than this model (docs/results).
 TTFT seen by a client = prefill request (overhead + KV read + compute) + decode request (overhead + KV pull +
 the first step). `Pacer` turns modelled time into sleeps, divided by `--speed`.
 """
