@@ -44,6 +44,8 @@ class _Reply:
     chunks: int = 0
     usage: dict[str, Any] | None = None
     first: float | None = None
+    last: float | None = None
+    max_gap: float = 0.0
     error: str | None = None
 
 
@@ -141,8 +143,12 @@ async def _read_stream(resp: httpx.Response, api: Api, reply: _Reply) -> None:
         for choice in chunk.get("choices") or []:
             text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
             if text:
+                now = time.perf_counter()
                 if reply.first is None:
-                    reply.first = time.perf_counter()
+                    reply.first = now
+                if reply.last is not None:
+                    reply.max_gap = max(reply.max_gap, now - reply.last)
+                reply.last = now
                 reply.text.append(text)
                 reply.chunks += 1
             reply.ids.extend(choice.get("token_ids") or [])
@@ -163,6 +169,8 @@ def _finish(rec: RequestRecord, reply: _Reply, start: float, end: float, body: d
         rec.ttft_ms = (reply.first - start) * 1000.0
         if rec.output_num_tokens > 1:
             rec.tpot_ms = (end - reply.first) * 1000.0 / (rec.output_num_tokens - 1)
+        if reply.chunks > 1:
+            rec.itl_max_ms = reply.max_gap * 1000.0
 
 
 def _error_message(raw: bytes) -> str:

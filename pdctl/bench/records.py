@@ -23,6 +23,7 @@ class RequestRecord:
     error: str | None = None
     ttft_ms: float | None = None
     tpot_ms: float | None = None
+    itl_max_ms: float | None = None  # the largest gap between two streamed chunks: a stall TPOT averages away
     latency_ms: float | None = None
     start_time_ms: float = 0.0
     input_num_turns: int = 1

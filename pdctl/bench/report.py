@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pdctl.bench import plots
 from pdctl.bench.records import BenchResult, LegResult
-from pdctl.bench.stats import SummaryRow, ratios, reuse_counts, summarize
+from pdctl.bench.stats import SummaryRow, percentile, ratios, reuse_counts, summarize
 
 REQUESTS_JSON = "requests.json"
 LEGS_JSON = "legs.json"
@@ -110,6 +110,7 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
     lines += _reuse_section(result.legs)
     lines += _prefill_section(splits, names, lengths, result.legs)
     lines += _after_prefill_section(result.legs, names, lengths)
+    lines += _streaming_section(result.legs)
     lines += [
         "",
         "## Plots",
@@ -173,6 +174,22 @@ def _after_prefill_section(legs: list[LegResult], names: list[str], lengths: lis
                     if r.length == n and r.turn >= 1 and r.ok and r.ttft_ms is not None and r.prefill_ms is not None]
             cells.append(_fmt(sum(gaps) / len(gaps)) if gaps else "-")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _streaming_section(legs: list[LegResult]) -> list[str]:
+    """Decode smoothness per leg over every request: TPOT, and the largest gap between streamed chunks, which shows
+    a stall (a prefill in the decode's batch, e.g. a local turn of another conversation) that TPOT averages away."""
+    lines = ["", "## Streaming, all turns (ms): TPOT mean / p90, largest inter-token gap per request p50 / p90 / max",
+             ""]
+    lines += ["| leg | requests | TPOT mean | TPOT p90 | gap p50 | gap p90 | gap max |", "|---" * 7 + "|"]
+    for leg in legs:
+        tpot = [r.tpot_ms for r in leg.records if r.ok and r.tpot_ms is not None]
+        gaps = [r.itl_max_ms for r in leg.records if r.ok and r.itl_max_ms is not None]
+        cells = [_fmt(sum(tpot) / len(tpot)) if tpot else "-", _fmt(percentile(tpot, 90)) if tpot else "-"]
+        cells += [_fmt(percentile(gaps, q)) if gaps else "-" for q in (50, 90)]
+        cells.append(_fmt(max(gaps)) if gaps else "-")
+        lines.append(f"| {leg.name} | {len(leg.records)} | " + " | ".join(cells) + " |")
     return lines
 
 

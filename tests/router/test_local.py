@@ -95,11 +95,11 @@ def test_a_handle_past_half_its_life_is_refreshed_by_a_disaggregated_turn(
     import time
 
     with router_process(tmp_path_factory.mktemp("refresh"), [pd.prefill_url], [pd.decode_url],
-                        "--local-prefill-tokens", str(LIMIT), "--handle-ttl", "2") as r:
+                        "--local-prefill-tokens", str(LIMIT), "--handle-ttl", "4") as r:
         conv = Conversation(r.url, False, True, "body", uuid.uuid4().hex)
         conv.turn(f"{uuid.uuid4().hex} {LONG}")
         assert conv.turn("day 2").reason == "decode_local"
-        time.sleep(1.2)  # past half of the 2 s the router trusts the handle: local turns would run into its expiry
+        time.sleep(2.2)  # past half of the 4 s the router trusts the handle: local turns would run into its expiry
         refresh = conv.turn("day 3")
         assert (refresh.outcome, refresh.reason) == ("hit", "verified"), refresh.reuse
         assert conv.turn("day 4").reason == "decode_local"  # on the fresh handle
