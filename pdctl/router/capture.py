@@ -86,10 +86,11 @@ class Capture:
 
 
     def computed_tokens(self) -> list[int] | None:
-        """Prompt + output ids of a request the decode ran alone (no handle comes back for those)."""
+        """The ids whose KV a request the decode ran alone left in its cache: the prompt and every output token but
+        the last, which was sampled and never fed back (no handle comes back for such a request)."""
         if self.prompt_ids is None or not self.ids_seen:
             return None
-        return self.prompt_ids + self.output_ids
+        return self.prompt_ids + self.output_ids[:-1]
 
 
 class SseRewriter:

@@ -64,3 +64,10 @@ def test_no_ids_means_no_held_tokens() -> None:
     cap.take({"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}],
               "kv_transfer_params": HANDLE})
     assert cap.params == HANDLE and cap.held_tokens() is None
+
+
+def test_a_local_turn_caches_all_but_the_last_sampled_token() -> None:
+    cap = Capture(chat=False, keep_ids=False)
+    SseRewriter(cap).feed(completion_stream())
+    assert cap.computed_tokens() == [1, 2, 3, 7, 8]  # 9 was sampled last: no KV for it yet
+    assert Capture(chat=False, keep_ids=False).computed_tokens() is None  # no ids seen: nothing to claim

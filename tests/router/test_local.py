@@ -104,3 +104,13 @@ def test_a_handle_past_half_its_life_is_refreshed_by_a_disaggregated_turn(
         assert (refresh.outcome, refresh.reason) == ("hit", "verified"), refresh.reuse
         assert conv.turn("day 4").reason == "decode_local"  # on the fresh handle
         assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_whole_response_turn_runs_locally_too(local_router: RouterProc, pd: SimPair) -> None:
+    conv = Conversation(local_router.url, True, False, "header", uuid.uuid4().hex)
+    assert conv.turn(f"{uuid.uuid4().hex} {LONG}").status == 200
+    reply = conv.turn("and briefly?")
+    assert reply.status == 200 and reply.text
+    assert (reply.outcome, reply.reason) == ("hit", "decode_local"), reply.reuse
+    assert_clean(reply.raw, reply.headers)
+    assert corrupt(pd.prefill, pd.decode) == 0
