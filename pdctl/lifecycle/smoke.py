@@ -108,7 +108,7 @@ def _turn(
 
 
 def _streamed_content(text: str) -> str | None:
-    """The assistant's text from an SSE chat stream; None when it holds no chat chunk at all."""
+    """The assistant's text from an SSE chat stream; None when it is no such stream or ends in an error event."""
     parts: list[str] = []
     chunks = 0
     for line in text.splitlines():
@@ -116,14 +116,13 @@ def _streamed_content(text: str) -> str | None:
             continue
         try:
             event = json.loads(line[5:])
-            choices = event.get("choices") or []
-        except (ValueError, AttributeError):
+        except ValueError:
+            return None
+        if not isinstance(event, dict) or "error" in event:  # the router ends a failed stream with an error event
             return None
         chunks += 1
-        for choice in choices:
+        for choice in event.get("choices") or []:
             parts.append(((choice or {}).get("delta") or {}).get("content") or "")
-    if "error" in text and not parts:
-        return None
     return "".join(parts) if chunks else None
 
 

@@ -38,3 +38,15 @@ def test_reuse_header_parsing() -> None:
     assert Reuse.parse("hit;tokens=212;reason=verified") == Reuse("hit", 212, "verified")
     assert Reuse.parse("miss;reason=first_turn") == Reuse("miss", 0, "first_turn")
     assert Reuse.parse(None).kind == "absent"
+
+
+def test_smoke_reads_a_streamed_reply_and_rejects_error_streams() -> None:
+    from pdctl.lifecycle.smoke import _streamed_content
+
+    ok = ('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+          'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"delta":{"content":"lo"}}]}\n\n'
+          'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+    assert _streamed_content(ok) == "Hello"
+    failed = 'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"error":{"message":"x","code":502}}\n\n'
+    assert _streamed_content(failed) is None
+    assert _streamed_content('{"id":"not a stream"}') is None
