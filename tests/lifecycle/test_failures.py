@@ -17,24 +17,15 @@ from pdctl.lifecycle import UpOptions, down, up
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
 from tests.lifecycle.conftest import MakeTopo
+from tests.support.venvs import script_venv
 
 pytestmark = pytest.mark.slow
-
-
-def _fake_venv(root: Path, body: str) -> str:
-    """A venv whose `bin/python` runs `body` (sh) instead of Python: for engines that never serve or crash."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    python = bin_dir / "python"
-    python.write_text(f"#!/bin/sh\n{body}\n")
-    python.chmod(0o755)
-    return str(root)
 
 
 def test_engine_that_dies_fails_up_with_its_log_and_leaves_nothing(
     make_topo: MakeTopo, console: Console, tmp_path: Path
 ) -> None:
-    venv = _fake_venv(tmp_path / "venv", 'echo "boom: CUDA out of memory while loading $5"; exit 1')
+    venv = script_venv(tmp_path / "venv", 'echo "boom: CUDA out of memory while loading $5"; exit 1')
     topo = make_topo(python_venv=venv)
     with pytest.raises(LaunchError) as info:
         up(topo, console, UpOptions(provision=False, timeout=60))
@@ -49,7 +40,7 @@ def test_engine_that_dies_fails_up_with_its_log_and_leaves_nothing(
 def test_sigint_during_health_wait_then_down_leaves_nothing(
     make_topo: MakeTopo, console: Console, tmp_path: Path
 ) -> None:
-    venv = _fake_venv(tmp_path / "venv", "exec sleep 300")
+    venv = script_venv(tmp_path / "venv", "exec sleep 300")
     topo = make_topo(python_venv=venv)
     topo_file = tmp_path / f"{topo.name}.yaml"
     proc = subprocess.Popen(

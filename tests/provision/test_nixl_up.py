@@ -14,6 +14,7 @@ from pdctl.lifecycle import UpOptions, down, up
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
 from tests.lifecycle.conftest import topology_yaml
+from tests.support.venvs import script_venv
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +27,8 @@ TCP = (
 
 def _engine_venv(root: Path, lines: Path) -> str:
     """A venv whose python first prints `<lines>/<role>.nixl` (as NIXL would on stderr), then runs the simulator."""
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    python = bin_dir / "python"
     # argv: -m pdctl.sim serve MODEL --role ROLE ...
-    python.write_text(f'#!/bin/sh\ncat "{lines}/$6.nixl" >&2 2>/dev/null\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    return str(root)
+    return script_venv(root, f'cat "{lines}/$6.nixl" >&2 2>/dev/null\nexec {sys.executable} "$@"')
 
 
 def test_tcp_fallback_in_an_engine_log_fails_up_when_efa_is_required(
