@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import site
 import subprocess
 import sys
 import uuid
@@ -83,7 +84,17 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
 
 @pytest.fixture(scope="session")
 def node_venv(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The venv the SSH hosts run pdctl from: this interpreter's packages (the hosts share this filesystem)."""
+    """The venv the SSH hosts run pdctl from: this interpreter's packages (the hosts share this filesystem).
+
+    `--system-site-packages` would give the base interpreter's packages, not an active venv's, so the
+    packages of the interpreter running the tests are added as site dirs (which also runs their editable .pth).
+    """
     venv = tmp_path_factory.mktemp("node-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    ours = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    theirs = subprocess.run([f"{venv}/bin/python", "-c", "import site; print(site.getsitepackages()[0])"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    Path(theirs).mkdir(parents=True, exist_ok=True)
+    (Path(theirs) / "pdctl-tests.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
     return str(venv)
