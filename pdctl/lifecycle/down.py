@@ -4,6 +4,7 @@ GPU hosts no GPU memory held by it. Works without the state file and is safe to 
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -101,9 +102,9 @@ def _gpu_holders(transport: Transport, deployment: str, node: str) -> list[str]:
     pids = [p.strip() for p in transport.run(GPU_PIDS).stdout.split() if p.strip().isdigit()]
     if not pids:
         return []
-    marker = f"{MARKER}={deployment}"
+    marker = shlex.quote(f"{MARKER}={deployment}")
     script = "; ".join(
-        f"grep -qzx '{marker}' /proc/{pid}/environ 2>/dev/null && echo {pid}" for pid in pids
+        f"grep -qzx {marker} /proc/{pid}/environ 2>/dev/null && echo {pid}" for pid in pids
     )
     held = transport.run(script + "; true").stdout.split()
     return [f"{node}: pid {pid} of {deployment} still holds GPU memory" for pid in held]

@@ -45,7 +45,7 @@ def render(command: Command, env: Mapping[str, str] | None = None, sudo: bool = 
     """One shell line for `command`; a leading `~/` in argv items becomes `"$HOME"/`."""
     script = command if isinstance(command, str) else " ".join(expand_home(a) for a in command)
     if env:
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        exports = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         script = f"export {exports}; {script}"
     if sudo:
         script = f"sudo -n sh -c {shlex.quote(script)}"

@@ -67,7 +67,8 @@ def start_script(job: DetachedJob) -> str:
             f"if [ -d {SYSTEMD_DIR} ] && command -v systemd-run >/dev/null 2>&1; then",
             systemd_script(job.unit, job.env, argv),
             "else",
-            f"  env {env_args} setsid {argv} >> \"$LOG\" 2>&1 < /dev/null &",
+            # `--`: a key can never become an option of env (`-S ...` would run a command)
+            f"  env -- {env_args} setsid {argv} >> \"$LOG\" 2>&1 < /dev/null &",
             '  echo "pid $!"',
             "fi",
         ]
@@ -77,6 +78,7 @@ def start_script(job: DetachedJob) -> str:
 def systemd_script(unit: str, env: Mapping[str, str], argv: str) -> str:
     """The systemd branch of `start_script`: memlock unlimited (EFA registers GPU memory), runs as the user."""
     setenv = " ".join(shlex.quote(f"--setenv={k}={v}") for k, v in env.items())
+    unit = shlex.quote(unit)
     return "\n".join(
         [
             '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',

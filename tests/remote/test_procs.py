@@ -29,7 +29,7 @@ def test_systemd_branch_runs_a_transient_unit_with_unlimited_memlock() -> None:
 def test_setsid_branch_detaches_and_prints_the_pid() -> None:
     script = start_script(_job())
     line = next(x for x in script.splitlines() if " setsid " in x)
-    assert line.strip().startswith("env PDCTL_DEPLOYMENT=demo FI_PROVIDER=efa 'X=two words' setsid ")
+    assert line.strip().startswith("env -- PDCTL_DEPLOYMENT=demo FI_PROVIDER=efa 'X=two words' setsid ")
     assert line.strip().endswith('>> "$LOG" 2>&1 < /dev/null &')
 
 
