@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from pdctl.cli_support import call
+from pdctl.kv_expiry import ROUTER_EXPIRY_MARGIN_S
 
 router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)
 
@@ -29,8 +30,9 @@ def serve(
         float, typer.Option(help="The decodes' decoder_kv_blocks_ttl: how long they keep a finished turn's blocks.")
     ] = 480.0,
     expiry_margin: Annotated[
-        float, typer.Option(help="Seconds before decoder_kv_blocks_ttl that a handle stops being used.")
-    ] = 10.0,
+        float, typer.Option(help="Seconds before decoder_kv_blocks_ttl that a handle stops being used "
+                            "(at least the engine's own 5 s).")
+    ] = ROUTER_EXPIRY_MARGIN_S,
     verify_prefix: Annotated[
         bool, typer.Option("--verify-prefix/--no-verify-prefix", help="Reuse only KV whose token ids match.")
     ] = True,

@@ -176,7 +176,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     argv += ["--host", r.bind or node.address, "--port", str(r.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
-    ttl = min(topo.connector_for(d).decoder_kv_blocks_ttl for d in topo.decode)
+    _, ttl = topo.decode_kv_ttl()
     argv += ["--handle-ttl", f"{r.handle_ttl:g}", "--decoder-kv-blocks-ttl", str(ttl)]
     argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
     if not r.verify_prefix:

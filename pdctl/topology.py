@@ -258,6 +258,12 @@ class Topology(Strict):
             return self.connector
         return self.connector.model_copy(update=inst.connector.model_dump(exclude_none=True))
 
+    def decode_kv_ttl(self) -> tuple[int, int]:
+        """(index, decoder_kv_blocks_ttl) of the decode that frees a finished turn's blocks first."""
+        ttls = [(self.connector_for(d).decoder_kv_blocks_ttl, i) for i, d in enumerate(self.decode)]
+        ttl, index = min(ttls)
+        return index, ttl
+
     def block_size_for(self, inst: Instance) -> int | None:
         """The KV block size the instance runs with; None leaves vLLM's own default (16).
 

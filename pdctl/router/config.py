@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdctl.errors import UsageError
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,7 @@ class RouterConfig:
     block_size: int = 16
     handle_ttl: float = 450.0
     decoder_kv_blocks_ttl: float = 480.0
-    expiry_margin: float = 10.0
+    expiry_margin: float = ROUTER_EXPIRY_MARGIN_S
     verify_prefix: bool = True
     partial_reuse: bool = True
     local_prefill_tokens: int = 0
@@ -40,7 +41,12 @@ class RouterConfig:
             problems.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.handle_ttl <= 0:
             problems.append(f"--handle-ttl must be > 0, got {self.handle_ttl:g}")
-        if self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
+        if self.expiry_margin < ENGINE_EXPIRY_MARGIN_S:
+            problems.append(
+                f"--expiry-margin ({self.expiry_margin:g}s) must be at least the engine's own "
+                f"{ENGINE_EXPIRY_MARGIN_S:g}s (vLLM's prefill declines reads of a handle that close to expiry)"
+            )
+        elif self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
             problems.append(
                 f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
                 f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"
@@ -58,4 +64,4 @@ class RouterConfig:
     @property
     def handle_lifetime(self) -> float:
         """Seconds a handle stays usable after the router received it, by the router's own clock."""
-        return min(self.handle_ttl, self.decoder_kv_blocks_ttl - self.expiry_margin)
+        return handle_lifetime(self.handle_ttl, self.decoder_kv_blocks_ttl, self.expiry_margin)
