@@ -3,6 +3,8 @@ margin can never be below the engine's own refusal margin."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from pdctl.errors import TopologyError, UsageError
@@ -34,7 +36,7 @@ python:
 
 
 def router_accepts(argv: tuple[str, ...]) -> bool:
-    opts = dict(zip(argv, argv[1:], strict=False))
+    opts = dict(itertools.pairwise(argv))
     try:
         RouterConfig(prefill=("http://p",), decode=("http://d",), handle_ttl=float(opts["--handle-ttl"]),
                      decoder_kv_blocks_ttl=float(opts["--decoder-kv-blocks-ttl"]))

@@ -14,6 +14,7 @@ from rich.console import Console
 from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
+from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
 from pdctl.nodes import launch
 from pdctl.plan import MARKER, plan
@@ -42,6 +43,11 @@ def down(
     topo: Topology, console: Console, *, ssh: SshOptions | None = None, timeout: float = launch.STOP_TIMEOUT_S
 ) -> DownReport:
     """Stop `topo`'s processes (router, prefills, decodes, then anything else carrying its marker) and verify."""
+    with deployment_lock(topo.name, "down"):
+        return _down(topo, console, ssh, timeout)
+
+
+def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: float) -> DownReport:
     store = StateStore(topo.name)
     try:
         state = store.load()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError
+from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.smoke import SmokeResult, smoke_test
 from pdctl.lifecycle.stop import stop_all
@@ -49,7 +50,11 @@ class UpOptions:
 
 def up(topo: Topology, console: Console, options: UpOptions | None = None) -> Deployment:
     """Bring `topo` up (or verify it is up); progress goes to `console`, the result comes back."""
-    opts = options or UpOptions()
+    with deployment_lock(topo.name, "up"):
+        return _up(topo, console, options or UpOptions())
+
+
+def _up(topo: Topology, console: Console, opts: UpOptions) -> Deployment:
     specs = plan(topo)
     store = StateStore(topo.name)
     state = store.load() or DeploymentState(name=topo.name, topology=topo.name)
