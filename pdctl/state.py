@@ -19,6 +19,7 @@ from typing import Any
 
 from pdctl.errors import StateError
 from pdctl.plan import ProcessSpec
+from pdctl.secret import reveal
 
 VERSION = 1
 
@@ -33,7 +34,8 @@ def state_path(name: str) -> Path:
 
 def argv_hash(spec: ProcessSpec) -> str:
     """Identity of what a process runs: argv and environment; a change means it must be restarted."""
-    data = json.dumps([list(spec.argv), sorted(spec.env.items())], separators=(",", ":"))
+    env = sorted((k, reveal(v)) for k, v in spec.env.items())  # a new token restarts; only a hash is kept
+    data = json.dumps([list(spec.argv), env], separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 

@@ -200,6 +200,11 @@ class RoleEnv(Strict):
     prefill: dict[EnvKey, Text] = Field(default_factory=dict)
     decode: dict[EnvKey, Text] = Field(default_factory=dict)
     router: dict[EnvKey, Text] = Field(default_factory=dict)
+    secret: list[EnvKey] = Field(
+        default_factory=list,
+        description="More env names whose values are secrets, shown as *** everywhere (names like HF_TOKEN, "
+        "*_TOKEN, *_KEY, *_SECRET and *PASSWORD* always are).",
+    )
 
 
 class RoleArgs(Strict):
