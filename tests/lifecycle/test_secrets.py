@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from pdctl.cli import app
+from pdctl.errors import LaunchError
 from pdctl.lifecycle import UpOptions, down, up
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
 from tests.lifecycle.conftest import MakeTopo
+from tests.support.venvs import script_venv
 
 TOKEN = "hf_sekrit_0123456789abcdef"
 ENV = f"env: {{all: {{HF_TOKEN: {TOKEN}}}, decode: {{MY_THING: x{TOKEN}}}, secret: [MY_THING]}}\n"
@@ -44,3 +47,12 @@ def test_a_failed_start_prints_its_script_masked(make_topo: MakeTopo, tmp_path: 
     assert "env -- " in result.output and "'HF_TOKEN=***'" in result.output and "'MY_THING=***'" in result.output
     assert TOKEN not in result.output
     assert LocalTransport().find_by_marker(topo.name) == []
+
+
+def test_a_dying_engines_log_tail_is_scrubbed(make_topo: MakeTopo, console: Console, tmp_path: Path) -> None:
+    venv = script_venv(tmp_path / "venv", 'echo "starting with token $HF_TOKEN"; exit 1')
+    topo = make_topo(python_venv=venv, extra_yaml=ENV)
+    with pytest.raises(LaunchError) as info:
+        up(topo, console, UpOptions(provision=False, timeout=60))
+    assert "starting with token ***" in info.value.message
+    assert TOKEN not in info.value.message
