@@ -91,7 +91,7 @@ def _check_events(text: str, shown: str, what: str) -> None:
         else:
             total += count
         if total + sum(s[0] for s in stack) > MAX_NODES:
-            raise _error(shown, where(event), f"{what}aliases expand to more than {MAX_NODES:,} values",
+            raise _error(shown, where(event), f"{what}more than {MAX_NODES:,} values (aliases counted expanded)",
                          "anchors and aliases (&a / *a) may share settings, not multiply them")
 
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
