@@ -60,7 +60,8 @@ def test_two_ups_at_once_start_one_deployment(make_topo: MakeTopo, tmp_path: Pat
     path = tmp_path / f"{topo.name}.yaml"
     procs = [subprocess.Popen([sys.executable, "-m", "pdctl", "up", "-t", str(path), "--no-smoke-test"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(p.wait(timeout=120), p.communicate()) for p in procs]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    results = [(p.returncode, out) for p, out in zip(procs, outputs, strict=True)]
     started = [out for code, (out, _) in results if code == 0 and "started" in out]
     assert len(started) == 1, results  # the other one lost the lock, or came after and found it running
     for code, (out, err) in results:
