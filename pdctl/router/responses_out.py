@@ -6,7 +6,7 @@ Streamed, the events come in the order OpenAI sends them, each with a `sequence_
     response.output_text.delta*, response.output_text.done, response.content_part.done; for a function call
     response.function_call_arguments.delta*, .done; for reasoning response.reasoning_text.delta*, .done;
     then response.output_item.done,
-    response.completed (or response.incomplete when max_output_tokens cut it short).
+    response.completed (status "incomplete" when max_output_tokens cut it short, as vLLM sends it).
 A decode failure mid-stream ends it with an `error` event and response.failed.
 """
 
@@ -53,9 +53,9 @@ class ResponsesRenderer:
 
     def end(self) -> bytes:
         out = self._close()
-        status = self._status()
-        kind = "response.incomplete" if status == "incomplete" else "response.completed"
-        return out + self._emit(kind, response=self._object(status))
+        # As vLLM does: a cut-short response still ends in response.completed (its status says incomplete), which
+        # is the one end event the SDKs' stream helpers accept.
+        return out + self._emit("response.completed", response=self._object(self._status()))
 
     def fail(self, message: str) -> bytes:
         self.open = None
