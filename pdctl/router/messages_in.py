@@ -17,7 +17,7 @@ from typing import Any
 
 from pdctl.router.responses_in import BadInput
 
-_SAME = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs")
+_SAME = ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs", "ignore_eos")  # the last two: vLLM's
 
 
 def _tool_result_text(content: Any, where: str) -> str:
