@@ -62,3 +62,11 @@ def test_a_configured_header_and_the_body_id(agent_router: RouterProc) -> None:
     fresh = {"X-My-Conversation": uuid.uuid4().hex}
     r = httpx.post(agent_router.url + "/v1/chat/completions", json=body, headers={**AUTH, **fresh}, timeout=30)
     assert r.headers["x-pd-kv-reuse"].endswith("reason=prefix_diverged")
+
+
+def test_a_bad_header_name_is_a_usage_error() -> None:
+    from pdctl.errors import UsageError
+    from pdctl.router.config import RouterConfig
+
+    with pytest.raises(UsageError, match=r"--conversation-header 'x session' is not an HTTP header name"):
+        RouterConfig(prefill=("http://p",), decode=("http://d",), conversation_headers=("x session",))
