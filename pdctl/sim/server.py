@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pdctl.sim import protocol
+from pdctl.sim import agentapi, protocol
 from pdctl.sim.config import SimConfig
 from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.metrics import SimMetrics, log_stats
@@ -57,6 +57,8 @@ class SimServer:
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
             Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
@@ -147,6 +149,55 @@ class SimServer:
             run.abort()
         self._count_finished()
         return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv))
+
+    async def responses(self, request: Request) -> Response:
+        return await self._agent(request, anthropic=False)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._agent(request, anthropic=True)
+
+    async def _agent(self, request: Request, anthropic: bool) -> Response:
+        """/v1/responses and /v1/messages: the request through the chat template, the answer in the API's shape."""
+        try:
+            body = await self._json(request)
+            chat = agentapi.messages_chat(body) if anthropic else agentapi.responses_chat(body)
+            p = protocol.parse(chat, True, self.served_names, self.cfg.max_model_len)
+            rid, internal = protocol.new_ids(True, request.headers.get("x-request-id"))
+            rid = rid.replace("chatcmpl-", "resp_")
+            run = await self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking,
+                                                     p.tool.ids if p.tool else None))
+        except EngineError as e:
+            if anthropic:
+                kind = {404: "not_found_error"}.get(e.status, "invalid_request_error")
+                return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
+                                    status_code=e.status)
+            return _error(e)
+        if p.stream:
+            async def tokens() -> AsyncIterator[int]:
+                async for t in run.tokens():
+                    yield t
+                run.finish()
+
+            async def events() -> AsyncIterator[str]:
+                try:
+                    stream = agentapi.message_events(p, tokens()) if anthropic else \
+                        agentapi.response_events(p, rid, tokens())
+                    async for e in stream:
+                        yield e
+                finally:
+                    run.abort()
+                self._count_finished()
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        try:
+            output = [t async for t in run.tokens()]
+            kv = run.finish()
+        finally:
+            run.abort()
+        self._count_finished()
+        if anthropic:
+            return JSONResponse(agentapi.message_object(p, output, kv))
+        return JSONResponse(agentapi.response_object(p, rid, output))
 
     async def _samples(self, p: protocol.Parsed, rid: str, internal: str) -> Response:
         """n > 1: one run per sample, sample i > 0 writing its own tokens (vLLM fans out child requests)."""
