@@ -148,3 +148,14 @@ def test_oversize_and_unauthenticated_requests(agent_router: RouterProc) -> None
     ok = openai.OpenAI(base_url=agent_router.url + "/v1", api_key=AGENT_KEY).responses.create(
         model=SERVED, input="hi w1", max_output_tokens=2)
     assert ok.status == "incomplete"
+
+
+def test_reasoning_items_and_typed_messages_are_accepted(router: RouterProc) -> None:
+    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be terse"}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "think w1"}]},
+             {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "hmm"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "w2"}]},
+             {"role": "user", "content": "again"}]
+    r = client(router).responses.create(model=SERVED, input=items, max_output_tokens=3,  # type: ignore[arg-type]
+                                        text={"format": {"type": "json_object"}})
+    assert r.status == "incomplete" and r.usage is not None and r.usage.output_tokens == 3
