@@ -53,10 +53,18 @@ def serve(
     eject_after: Annotated[int, typer.Option(help="Consecutive failures that eject an upstream.")] = 3,
     load_factor: Annotated[float, typer.Option(help="Bounded-load cap, x the mean outstanding requests.")] = 1.25,
     request_timeout: Annotated[float, typer.Option(help="Seconds an upstream may take to answer.")] = 600.0,
+    conversation_header: Annotated[
+        list[str] | None,
+        typer.Option("--conversation-header",
+                     help="Header naming a request's conversation, in order of precedence (repeat for more); "
+                     "default: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
+                     "X-Correlation-Id."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Serve the router: OpenAI-compatible /v1/chat/completions and /v1/completions over P/D instances."""
+    """Serve the router: chat/completions, completions, Responses and Anthropic Messages over P/D instances."""
     from pdctl.router.config import RouterConfig
+    from pdctl.router.identity import DEFAULT_HEADERS
     from pdctl.router.serve import api_key_from_env
     from pdctl.router.serve import serve as run
 
@@ -67,6 +75,7 @@ def serve(
         api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
         eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
+        conversation_headers=tuple(h.lower() for h in conversation_header) if conversation_header else DEFAULT_HEADERS,
     ))
     run(config, host, port, log_level.lower())
 

@@ -193,6 +193,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
+    for name in r.conversation_headers or ():
+        argv += ["--conversation-header", name]
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
     url = f"http://{node.address}:{r.port}"
     return ProcessSpec(

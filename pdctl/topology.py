@@ -148,6 +148,13 @@ class Router(Strict):
         "the decode's other streams one step of that many tokens); 0: always disaggregate.",
     )
 
+    conversation_headers: list[str] | None = Field(
+        None,
+        description="Headers naming a request's conversation, in order of precedence (after the body's "
+        "conversation_id); null: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
+        "X-Correlation-Id.",
+    )
+
     @model_validator(mode="after")
     def _local_needs_ids(self) -> Router:
         if self.local_prefill_tokens and not self.verify_prefix:

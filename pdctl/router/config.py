@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pdctl.errors import UsageError
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime
+from pdctl.router.identity import DEFAULT_HEADERS
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class RouterConfig:
     connect_timeout: float = 5.0
     request_timeout: float = 600.0
     max_connections: int = 2048
+    conversation_headers: tuple[str, ...] = DEFAULT_HEADERS
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,6 +60,9 @@ class RouterConfig:
         for url in (*self.prefill, *self.decode):
             if not url.startswith(("http://", "https://")):
                 problems.append(f"upstream URL {url!r} must start with http:// or https://")
+        for name in self.conversation_headers:
+            if not name or not all(c.isalnum() or c in "-_" for c in name):
+                problems.append(f"--conversation-header {name!r} is not an HTTP header name")
         if problems:
             raise UsageError("invalid router options: " + "; ".join(problems), hint="see `pdctl router serve --help`")
 

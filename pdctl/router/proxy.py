@@ -47,6 +47,9 @@ def conversation(
     """The conversation id (None: this request cannot take part in reuse) and, if derived, its derivation."""
     if (body.get("n") or 1) != 1 or (body.get("best_of") or 1) != 1:
         return None, None
+    pinned = scope.get("pdctl.conversation")
+    if isinstance(pinned, str):  # already resolved by an agent-API front (a Responses previous_response_id)
+        return pinned, None
     given = explicit_id(scope.get("pdctl.cid"), _header(scope, (b"x-conversation-id", b"x-session-id")))
     if given is not None:
         return given, None
@@ -104,6 +107,7 @@ async def completion(state: RouterState, scope: Scope, receive: Receive, send: S
         await send_error(send, 400, problem)
         return
     cid, derivation = conversation(state, scope, chat, body)
+    scope["pdctl.conversation"] = cid
     p = state.prefill_policy.pick(state.prefill, cid or rid)
     if p is None or not state.decode.healthy():
         await send_error(send, 503, _unavailable(state.prefill if p is None else state.decode))
