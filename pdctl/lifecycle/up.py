@@ -94,7 +94,7 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
         result = None
         if opts.smoke:
             console.print("smoke test: two turns through the router")
-            result = smoke_test(topo, router_url)
+            result = smoke_test(topo, router_url, hosts[router[0].node])
             state.smoke = result.to_json()
             store.save(state)
             console.print(f"smoke test: turn 1 {result.turn1.kind}, turn 2 [green]{result.turn2.kind}[/] "

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
+
 from pdctl.errors import RemoteCommandError
 
 if TYPE_CHECKING:
@@ -66,6 +68,23 @@ class Transport(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._http: httpx.BaseTransport | None = None
+
+    def http(self) -> httpx.BaseTransport:
+        """The httpx transport for HTTP to this host's addresses, pooled and shared: pass it as
+        `httpx.Client(transport=...)`; closing that client leaves the pool open (it closes with the host)."""
+        from pdctl.remote.sshhttp import Shared
+
+        if self._http is None:
+            self._http = self._new_http()
+        return Shared(self._http)
+
+    def async_http(self) -> httpx.AsyncBaseTransport:
+        """A new async httpx transport reaching this host's addresses (one per event loop; the client closes it)."""
+        return httpx.AsyncHTTPTransport()
+
+    def _new_http(self) -> httpx.BaseTransport:
+        return httpx.HTTPTransport()
 
     @abstractmethod
     def run(
@@ -121,5 +140,8 @@ class Transport(ABC):
 
         self.run(kill_script(list(pids), list(pgids), signal), timeout=30.0)
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the connection."""
+    def close(self) -> None:
+        """Release the connection (and the HTTP pool)."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None

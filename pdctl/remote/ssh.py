@@ -7,11 +7,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
 import paramiko
 
 from pdctl.errors import ConnectError, RemoteCommandError
 from pdctl.remote.base import Command, CommandResult, Progress, Transport, render
 from pdctl.remote.sshconnect import SshOptions, Target, load_config, mapped_errors, open_client, resolve
+from pdctl.remote.sshhttp import AsyncSshHttpTransport, SshHttpTransport
 from pdctl.topology import Node
 
 READ = 1 << 15
@@ -106,12 +108,24 @@ class SshTransport(Transport):
             sftp.chmod(tmp, local.stat().st_mode & 0o7777)
             sftp.posix_rename(tmp, rel)
 
+    def _new_http(self) -> httpx.BaseTransport:
+        return SshHttpTransport(self.client.get_transport, self._hop())
+
+    def async_http(self) -> httpx.AsyncBaseTransport:
+        return AsyncSshHttpTransport(self.client.get_transport, self._hop())
+
+    def _hop(self) -> str:
+        """The host as errors name it: node, and the jump hosts in front of it."""
+        via = f" via {self.target.proxy_jump}" if self.target.proxy_jump else ""
+        return f"{self.name} ({self.target.user}@{self.target.hostname}{via})"
+
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._sftp = self.client.open_sftp()
         return self._sftp
 
     def close(self) -> None:
+        super().close()
         if self._sftp is not None:
             self._sftp.close()
         for client in reversed(self._clients):
