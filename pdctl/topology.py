@@ -28,6 +28,10 @@ class Strict(BaseModel):
 class Node(Strict):
     name: str = Field(description="Name used by instances and the router to refer to this node.")
     address: str = Field("127.0.0.1", description="Address other nodes and the CLI use to reach this node.")
+    bind: str | None = Field(
+        None, description="Address this node's engines listen on; default: `address` (0.0.0.0 only if you mean "
+        "every interface: the engines would then be reachable from anywhere that routes to the node).",
+    )
     user: str | None = Field(None, description="SSH user; default from ~/.ssh/config or the local user.")
     port: int = Field(22, ge=1, le=65535, description="SSH port.")
     ssh_alias: str | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")

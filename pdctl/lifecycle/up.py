@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError
+from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.smoke import SmokeResult, smoke_test
 from pdctl.lifecycle.stop import stop_all
@@ -63,6 +64,7 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
         store.save(state)
         if to_start:
             preflight(topo, to_start, hosts)
+            ensure_key(topo, hosts)
             if opts.provision:
                 from pdctl.nodes.provision import provision
 

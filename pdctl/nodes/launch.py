@@ -29,6 +29,7 @@ def job_for(spec: ProcessSpec, deployment: str) -> DetachedJob:
         env=env,
         workdir=spec.workdir,
         log_path=spec.log_path,
+        secret_env=spec.secret_env,
     )
 
 

@@ -87,6 +87,10 @@ class SshTransport(Transport):
                 # Output may trail the exit status; a backgrounded child holding stdout must not hang us.
                 if chan.eof_received or now - exited_at > EOF_GRACE_S:
                     break
+            link = chan.get_transport()
+            if not chan.exit_status_ready() and (link is None or not link.is_active()):
+                raise ConnectError(self.name, f"the SSH connection to {self._hop()} dropped while a command ran",
+                                   hint="check the host and the jump hosts in front of it, then rerun")
             if timeout is not None and now - start > timeout:
                 raise RemoteCommandError(
                     self.name, script, 124, b"".join(err).decode(errors="replace"),
