@@ -17,6 +17,7 @@ from pathlib import Path
 import paramiko
 
 from pdctl.errors import ConnectError
+from pdctl.remote.sshconfig import HostConfig, host_config, proxy_command
 
 
 @dataclass(frozen=True)
@@ -53,23 +54,16 @@ class Target:
     user: str
     identity_files: tuple[str, ...]
     proxy_jump: str | None
+    proxy_command: str | None = None
 
 
-def load_config(options: SshOptions) -> paramiko.SSHConfig:
-    path = options.ssh_config
-    if path is None or not path.exists():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.SSHException) as exc:
-        raise ConnectError(
-            str(path), f"cannot read SSH config: {exc}", hint="fix the file or pass --ssh-config"
-        ) from None
+def load_config(options: SshOptions) -> HostConfig:
+    return host_config(options.ssh_config)
 
 
 def resolve(
     spec: str,
-    config: paramiko.SSHConfig,
+    config: HostConfig,
     options: SshOptions,
     *,
     user: str | None = None,
@@ -81,15 +75,21 @@ def resolve(
     spec_user, _, hostport = spec.rpartition("@")
     host, _, spec_port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
     entry = config.lookup(host)
-    jump = entry.get("proxyjump")
-    return Target(
+    jump, command = entry.get("proxyjump"), entry.get("proxycommand")
+    files = entry.get("identityfile", [])
+    hostname = str(entry.get("hostname", host))
+    target = Target(
         label=label or host,
-        hostname=entry.get("hostname", host),
-        port=port or int(spec_port or entry.get("port", 22)),
-        user=user or spec_user or entry.get("user") or getpass.getuser(),
-        identity_files=tuple(options.identity_files) + tuple(entry.get("identityfile", [])),
-        proxy_jump=None if jump in (None, "none") else jump,
+        hostname=hostname,
+        port=port or int(spec_port or str(entry.get("port", 22))),
+        user=user or spec_user or str(entry.get("user") or getpass.getuser()),
+        identity_files=tuple(options.identity_files) + tuple(files if isinstance(files, list) else [files]),
+        proxy_jump=None if jump in (None, "none") else str(jump),
     )
+    if command not in (None, "none") and target.proxy_jump is None:
+        line = proxy_command(str(command), hostname, target.port, target.user)
+        target = Target(**{**target.__dict__, "proxy_command": line})
+    return target
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -166,11 +166,14 @@ def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
         ) from None
 
 
-def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig) -> list[paramiko.SSHClient]:
-    """Connect to `target`, through its ProxyJump chain; returns the clients, the target's last."""
+def open_client(target: Target, options: SshOptions, config: HostConfig) -> list[paramiko.SSHClient]:
+    """Connect to `target`, through its ProxyJump chain or ProxyCommand; returns the clients, the target's last."""
     chain: list[paramiko.SSHClient] = []
-    sock = None
-    if target.proxy_jump:
+    sock: paramiko.Channel | paramiko.ProxyCommand | None = None
+    if target.proxy_command:
+        with mapped_errors(target, options):
+            sock = paramiko.ProxyCommand(target.proxy_command)
+    elif target.proxy_jump:
         hops = target.proxy_jump.split(",")
         jump = resolve(hops[-1], config, options)
         if len(hops) > 1:
