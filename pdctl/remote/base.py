@@ -8,11 +8,12 @@ launch) takes a `Transport` and never knows which one it has. Commands are data:
 from __future__ import annotations
 
 import shlex
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -25,6 +26,18 @@ Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while a file moves."""
 
 Command = str | Sequence[str]
+
+
+class Stream(Protocol):
+    """What `connect_tcp` returns: a socket or an SSH channel."""
+
+    def recv(self, size: int, /) -> bytes: ...
+
+    def sendall(self, data: bytes, /) -> Any: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,12 @@ class Transport(ABC):
 
     def _new_http(self) -> httpx.BaseTransport:
         return httpx.HTTPTransport()
+
+    def connect_tcp(self, host: str, port: int, timeout: float = 10.0) -> Stream:
+        """A byte stream to `host:port` as this host sees the network (a socket here, an SSH channel there)."""
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.settimeout(None)
+        return sock
 
     @abstractmethod
     def run(

@@ -11,7 +11,7 @@ import httpx
 import paramiko
 
 from pdctl.errors import ConnectError, RemoteCommandError
-from pdctl.remote.base import Command, CommandResult, Progress, Transport, render
+from pdctl.remote.base import Command, CommandResult, Progress, Stream, Transport, render
 from pdctl.remote.sshconnect import SshOptions, Target, load_config, mapped_errors, open_client, resolve
 from pdctl.remote.sshhttp import AsyncSshHttpTransport, SshHttpTransport
 from pdctl.topology import Node
@@ -117,6 +117,15 @@ class SshTransport(Transport):
 
     def async_http(self) -> httpx.AsyncBaseTransport:
         return AsyncSshHttpTransport(self.client.get_transport, self._hop())
+
+    def connect_tcp(self, host: str, port: int, timeout: float = 10.0) -> Stream:
+        with mapped_errors(self.target, self.options):
+            link = self.client.get_transport()
+            if link is None or not link.is_active():
+                raise ConnectError(self.name, "the SSH connection was lost", hint="check the host and rerun")
+            chan = link.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+        chan.settimeout(None)
+        return chan
 
     def _hop(self) -> str:
         """The host as errors name it: node, and the jump hosts in front of it."""

@@ -55,3 +55,4 @@ def test_engines_refuse_all_but_the_router(make_topo: MakeTopo, console: Console
     assert any(p.suffix == ".log" for p in written) and StateStore(topo.name).path in written
     for text in [r.output for r in outputs] + [p.read_text(errors="replace") for p in written]:
         assert key not in text
+

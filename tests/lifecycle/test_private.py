@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,11 +73,31 @@ def test_whole_lifecycle_through_a_proxyjump_bastion(plab: PrivateLab, node_venv
 
         logs = plab.pdctl("logs", "router", "-t", str(topo), "-n", "200", env=env)
         assert logs.returncode == 0 and "Ready: 1 prefill, 1 decode instances" in logs.stdout
+
+        _port_forward_reaches_the_router(plab, topo, env)
     finally:
         down = plab.pdctl("down", "-t", str(topo), env=env)
     assert down.returncode == 0, down.stderr
     assert "3 process(es) stopped, nothing left running" in down.stdout
     assert LocalTransport().find_by_marker(name) == []
+
+
+def _port_forward_reaches_the_router(lab: PrivateLab, topo: Path, env: dict[str, str]) -> None:
+    proc = subprocess.Popen(["ip", "netns", "exec", lab.cli_netns, sys.executable, "-m", "pdctl", "port-forward",
+                             "-t", str(topo), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **env})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        local = re.match(r"forwarding (http://127\.0\.0\.1:\d+) -> http://[\d.]+:\d+ on h1; Ctrl-C to stop", line)
+        assert local, line + (proc.stderr.read() if proc.stderr else "")
+        fetch = "import json, sys, urllib.request; print(json.load(urllib.request.urlopen(sys.argv[1]))['hit_rate'])"
+        got = lab.in_cli("python3", "-c", fetch, f"{local.group(1)}/stats")
+        assert got.returncode == 0 and float(got.stdout) > 0, got.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "port-forward stopped" in stderr
 
 
 def test_up_status_down_through_a_proxycommand(plab: PrivateLab, node_venv: str, tmp_path: Path) -> None:
