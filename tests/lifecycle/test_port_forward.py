@@ -17,5 +17,6 @@ def test_port_forward_to_a_deployment_that_is_not_up(make_topo: MakeTopo, tmp_pa
     result = CliRunner().invoke(app, ["port-forward", "-t", str(tmp_path / f"{topo.name}.yaml"), "--port", "0"])
     router = next(s for s in plan(topo) if s.role == "router")
     assert result.exit_code == 1
-    assert result.stderr.splitlines()[0] == (
-        f"Error: {topo.name} is not up: the router at {router.url} on local does not answer (ConnectError)")
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"Error: {topo.name} is not up: the router at {router.url} on local does not answer (")
+    assert "hint: start it with `pdctl up -t <topology>`" in result.stderr
