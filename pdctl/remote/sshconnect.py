@@ -17,6 +17,7 @@ from pathlib import Path
 import paramiko
 
 from pdctl.errors import ConnectError
+from pdctl.remote import knownhosts
 from pdctl.remote.sshconfig import HostConfig, host_config, proxy_command
 
 
@@ -93,12 +94,23 @@ def resolve(
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown keys, or accept and append them to known_hosts when the user said so."""
+    """Refuse unknown keys, or accept and append them to known_hosts when the user said so; never a revoked key
+    or a host known only through a certificate authority."""
 
-    def __init__(self, options: SshOptions) -> None:
+    def __init__(self, options: SshOptions, markers: knownhosts.Markers | None = None) -> None:
         self.options = options
+        self.markers = markers or knownhosts.Markers()
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.markers.revoked_for(hostname, key):
+            raise _RefusedHostKey(f"the host key of {hostname} is marked @revoked in {self.options.known_hosts} "
+                                  f"({key.fingerprint})", "replace the host's key, or remove the @revoked line")
+        line = self.markers.authority_line(hostname)
+        if line is not None:
+            raise _RefusedHostKey(
+                f"{hostname} is trusted through a @cert-authority ({self.options.known_hosts}:{line}); pdctl "
+                "cannot verify SSH host certificates",
+                f"add the host's own key to known_hosts (ssh-keyscan {hostname}), after checking its fingerprint")
         if not self.options.accept_new_host_keys:
             raise _UnknownHostKey(hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -107,6 +119,23 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with path.open("a") as fh:
                 fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _RefusedHostKey(paramiko.SSHException):
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class _NoPromptTransport(paramiko.Transport):
+    """paramiko answers a server's keyboard-interactive request (a 2FA code after the key) by prompting on the
+    terminal and reading stdin; pdctl runs unattended and never does."""
+
+    def auth_interactive_dumb(self, username: str, handler: object = None, submethods: str = "") -> list[str]:
+        raise paramiko.AuthenticationException(
+            "the server asks for keyboard-interactive or password authentication after the key (a second factor?); "
+            "pdctl never prompts"
+        )
 
 
 class _UnknownHostKey(paramiko.SSHException):
@@ -123,6 +152,8 @@ def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
     kh = options.known_hosts or Path("~/.ssh/known_hosts")
     try:
         yield
+    except _RefusedHostKey as exc:
+        raise ConnectError(target.label, exc.message, hint=exc.hint) from None
     except _UnknownHostKey as exc:
         raise ConnectError(
             target.label,
@@ -186,9 +217,10 @@ def open_client(target: Target, options: SshOptions, config: HostConfig) -> list
                 "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=options.connect_timeout
             )
     client = paramiko.SSHClient()
+    markers = None
     if options.known_hosts is not None and options.known_hosts.exists():
-        client.get_host_keys().load(str(options.known_hosts))
-    client.set_missing_host_key_policy(_HostKeyPolicy(options))
+        markers = knownhosts.load(client.get_host_keys(), options.known_hosts)
+    client.set_missing_host_key_policy(_HostKeyPolicy(options, markers))
     with mapped_errors(target, options):
         client.connect(
             target.hostname,
@@ -199,6 +231,7 @@ def open_client(target: Target, options: SshOptions, config: HostConfig) -> list
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,
             sock=sock,
+            transport_factory=_NoPromptTransport,  # type: ignore[arg-type]  # the stubs omit gss_* of Transport
         )
         transport = client.get_transport()
         assert transport is not None
