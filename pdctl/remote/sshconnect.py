@@ -149,6 +149,8 @@ class _UnknownHostKey(paramiko.SSHException):
 def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
     """The one place where paramiko/socket errors become ConnectError messages."""
     where = f"{target.user}@{target.hostname}:{target.port}"
+    if target.proxy_command:
+        where += f" through ProxyCommand `{target.proxy_command}`"
     kh = options.known_hosts or Path("~/.ssh/known_hosts")
     try:
         yield
@@ -209,7 +211,10 @@ def open_client(target: Target, options: SshOptions, config: HostConfig) -> list
         jump = resolve(hops[-1], config, options)
         if len(hops) > 1:
             jump = Target(**{**jump.__dict__, "proxy_jump": ",".join(hops[:-1])})
-        chain = open_client(jump, options, config)
+        try:
+            chain = open_client(jump, options, config)
+        except ConnectError as exc:  # name both: the node we wanted and the hop that failed
+            raise ConnectError(target.label, f"jump host {exc.message}", hint=exc.hint) from None
         with mapped_errors(target, options):
             transport = chain[-1].get_transport()
             assert transport is not None

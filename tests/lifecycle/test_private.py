@@ -112,3 +112,22 @@ def test_up_status_down_through_a_proxycommand(plab: PrivateLab, node_venv: str,
         down = plab.pdctl("down", "-t", str(topo), env=env)
     assert down.returncode == 0, down.stderr
     assert LocalTransport().find_by_marker(name) == []
+
+
+def test_a_bastion_that_refuses_is_named_with_the_node(plab: PrivateLab, node_venv: str, tmp_path: Path) -> None:
+    name, topo, env = _deployment(plab, tmp_path, node_venv, "jump")
+    config = Path(env["PDCTL_SSH_CONFIG"])
+    assert plab.bastion is not None
+    config.write_text(config.read_text().replace(f"HostName {plab.bastion.address}\n",
+                                                 f"HostName {plab.bastion.address}\n  Port 2\n"))
+    up = plab.pdctl("up", "-t", str(topo), "--skip-provision", env=env)
+    assert up.returncode == 1
+    first = up.stderr.splitlines()[0]
+    assert first.startswith(f"Error: h1: jump host bastion: unreachable: root@{plab.bastion.address}:2: "
+                            "connection refused"), up.stderr
+    status = plab.pdctl("status", "--json", "-t", str(topo), env=env)
+    report = json.loads(status.stdout)
+    assert status.returncode == 1 and report["healthy"] is False
+    assert sorted(report["unreachable"]) == ["h1", "h2", "h3"]
+    assert {p["health"] for p in report["processes"]} == {"unreachable"}
+    assert LocalTransport().find_by_marker(name) == []
