@@ -105,7 +105,8 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         **topo.env.all,
         MARKER: topo.name,
         "PYTHONUNBUFFERED": "1",
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": engine_bind(topo, node.name),
+        # Also the address peers are told to dial, so always the node's own, whatever `bind` says.
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": node.address,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(inst.side_channel_port),
     }
     if inst.gpus:

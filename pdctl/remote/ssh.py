@@ -57,6 +57,10 @@ class SshTransport(Transport):
                 chan.shutdown_write()
                 out, err = self._collect(chan, script, start, timeout)
                 code = chan.recv_exit_status()
+                link = chan.get_transport()
+                if code == -1 and (link is None or not link.is_active()):  # paramiko's "closed, no status"
+                    raise ConnectError(self.name, f"the SSH connection ({self._where()}) dropped while a command "
+                                       "ran", hint="check the host and the jump hosts in front of it, then rerun")
             finally:
                 chan.close()
         if sudo and code != 0 and "a password is required" in err:
@@ -87,10 +91,6 @@ class SshTransport(Transport):
                 # Output may trail the exit status; a backgrounded child holding stdout must not hang us.
                 if chan.eof_received or now - exited_at > EOF_GRACE_S:
                     break
-            link = chan.get_transport()
-            if not chan.exit_status_ready() and (link is None or not link.is_active()):
-                raise ConnectError(self.name, f"the SSH connection to {self._hop()} dropped while a command ran",
-                                   hint="check the host and the jump hosts in front of it, then rerun")
             if timeout is not None and now - start > timeout:
                 raise RemoteCommandError(
                     self.name, script, 124, b"".join(err).decode(errors="replace"),
@@ -129,8 +129,12 @@ class SshTransport(Transport):
 
     def _hop(self) -> str:
         """The host as errors name it: node, and the jump hosts in front of it."""
-        via = f" via {self.target.proxy_jump}" if self.target.proxy_jump else ""
-        return f"{self.name} ({self.target.user}@{self.target.hostname}{via})"
+        return f"{self.name} ({self._where()})"
+
+    def _where(self) -> str:
+        t = self.target
+        via = f" via {t.proxy_jump}" if t.proxy_jump else " via ProxyCommand" if t.proxy_command else ""
+        return f"{t.user}@{t.hostname}{via}"
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
