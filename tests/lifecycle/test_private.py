@@ -71,6 +71,12 @@ def test_whole_lifecycle_through_a_proxyjump_bastion(plab: PrivateLab, node_venv
         records = json.loads((out / "requests.json").read_text())
         assert [(r["turn"], r["reuse"]) for r in records] == [(0, "miss"), (1, "hit"), (2, "hit")]
 
+        here = plab.pdctl("bench", "-t", str(topo), "--no-redeploy", "--lengths", "300", "--conversations", "1",
+                          "--turns", "2", "--output-tokens", "8", "--clients", "1", "--no-warmup", "--client",
+                          "local", "--out", str(tmp_path / "bench-local"), env=env)
+        assert here.returncode == 0, here.stderr  # streamed through the SSH connection's channels
+        assert json.loads((tmp_path / "bench-local" / "legs.json").read_text())["workload"]["client"] == "local"
+
         logs = plab.pdctl("logs", "router", "-t", str(topo), "-n", "200", env=env)
         assert logs.returncode == 0 and "Ready: 1 prefill, 1 decode instances" in logs.stdout
 
