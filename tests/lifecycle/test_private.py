@@ -86,6 +86,13 @@ def test_whole_lifecycle_through_a_proxyjump_bastion(plab: PrivateLab, node_venv
     assert down.returncode == 0, down.stderr
     assert "3 process(es) stopped, nothing left running" in down.stdout
     assert LocalTransport().find_by_marker(name) == []
+    key_file = tmp_path / "work" / name / "engine.key"
+    key = key_file.read_text().strip()
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != key_file]
+    assert any(p.suffix == ".log" for p in written) and not any("play-" in p.name for p in written)
+    for text in [up.stdout, up.stderr, status.stdout, bench.stdout, bench.stderr, logs.stdout] + \
+            [p.read_text(errors="replace") for p in written]:
+        assert key not in text
 
 
 def _port_forward_reaches_the_router(lab: PrivateLab, topo: Path, env: dict[str, str]) -> None:
