@@ -63,6 +63,10 @@ def bench(
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
     no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the warm-up conversation of each leg.")] = False,
     as_json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    client: Annotated[
+        str, typer.Option("--client", help="Where the load player runs: auto (on the router's node when it is "
+                          "remote, else here), local (here, through the SSH connection) or router-node.")
+    ] = "auto",
 ) -> None:
     """Multi-turn TTFT sweep, one leg per set of overrides (default: bidirectional KV transfer off, then on).
 
@@ -93,6 +97,8 @@ def bench(
             seed=seed,
             source=input_file,
         )
+        if client not in ("auto", "local", "router-node"):
+            raise UsageError(f"--client {client!r} is not auto, local or router-node", hint="pass --client local")
         if clients < 1 or rate < 0:
             raise UsageError("--clients must be >= 1 and --rate >= 0")
         return BenchOptions(
@@ -104,6 +110,7 @@ def bench(
             no_redeploy=no_redeploy,
             base_overrides=list(overrides or []),
             warmup=not no_warmup,
+            client=client,  # type: ignore[arg-type]
         )
 
     opts = call(prepare)
@@ -127,6 +134,17 @@ def bench(
         raise typer.Exit(1)
 
 
+def bench_play(
+    play_file: Annotated[Path, typer.Argument(help="Play file written by `pdctl bench`.")],
+    out_file: Annotated[Path, typer.Argument(help="Where to write the request records (JSON).")],
+) -> None:
+    """Internal: play a bench's conversations on this node (pdctl bench runs it on the router's node)."""
+    from pdctl.bench.remote_play import play_file as run_play
+
+    call(lambda: run_play(play_file, out_file))
+
+
 def register(app: typer.Typer) -> None:
     app.command()(bench)
+    app.command("bench-play", hidden=True)(bench_play)
 

@@ -148,6 +148,38 @@ def logs(
     call(run)
 
 
+def port_forward(
+    topology: TopologyOpt = None,
+    overrides: SetOpt = None,
+    port: Annotated[int | None, typer.Option("--port", help="Local port; default the router's port, 0: any free.")]
+    = None,
+    accept_new_host_keys: AcceptOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
+) -> None:
+    """Open a local port to the router (through SSH for a remote router node) until Ctrl-C."""
+    import threading
+
+    from pdctl.lifecycle.port_forward import Forwarding
+    from pdctl.lifecycle.port_forward import port_forward as forward
+
+    stop = threading.Event()
+
+    def ready(f: Forwarding) -> None:
+        out.print(f"forwarding {f.local_url} -> {f.router_url} on {f.node}; Ctrl-C to stop", highlight=False)
+        out.file.flush()
+
+    def run() -> None:
+        topo = load_topology(topology, overrides)
+        try:
+            forward(topo, port, ready, stop, ssh=_ssh(accept_new_host_keys, ssh_config, known_hosts))
+        except KeyboardInterrupt:
+            stop.set()
+            err.print("port-forward stopped")
+
+    call(run)
+
+
 def _follow(transport: object, path: str) -> None:
     from pdctl.remote.base import Transport
 
@@ -166,3 +198,4 @@ def register(app: typer.Typer) -> None:
     app.command()(status)
     app.command()(down)
     app.command()(logs)
+    app.command("port-forward")(port_forward)

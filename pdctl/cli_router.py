@@ -46,6 +46,9 @@ def serve(
                      "Needs --verify-prefix."),
     ] = 0,
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key clients must send.")] = None,
+    engine_key_file: Annotated[
+        str | None, typer.Option(help="File holding the API key the engines require (sent as a Bearer token).")
+    ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies get 413.")] = 32 * 1024 * 1024,
     max_handles: Annotated[int, typer.Option(help="Most decode handles kept (least recently used go).")] = 4096,
     health_interval: Annotated[float, typer.Option(help="Seconds between upstream health checks.")] = 2.0,
@@ -65,14 +68,15 @@ def serve(
     """Serve the router: chat/completions, completions, Responses and Anthropic Messages over P/D instances."""
     from pdctl.router.config import RouterConfig
     from pdctl.router.identity import DEFAULT_HEADERS
-    from pdctl.router.serve import api_key_from_env
+    from pdctl.router.serve import api_key_from_env, engine_key_from_file
     from pdctl.router.serve import serve as run
 
     config = call(lambda: RouterConfig(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
         partial_reuse=partial_reuse, local_prefill_tokens=local_prefill_tokens,
-        api_key=api_key_from_env(api_key_env), max_body_bytes=max_body_bytes,
+        api_key=api_key_from_env(api_key_env), engine_key=engine_key_from_file(engine_key_file),
+        max_body_bytes=max_body_bytes,
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
         eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
         conversation_headers=tuple(h.lower() for h in conversation_header) if conversation_header else DEFAULT_HEADERS,

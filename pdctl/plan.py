@@ -35,6 +35,9 @@ class ProcessSpec:
     url: str
     ports: tuple[int, ...]
     gpus: tuple[int, ...] = field(default=())
+    secret_env: dict[str, str] = field(default_factory=dict)
+    """Environment variables read from a file on the node when the process starts (name -> path): the value is
+    never part of the plan."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -43,6 +46,19 @@ class ProcessSpec:
         data["gpus"] = list(self.gpus)
         data["env"] = {k: shown(v) for k, v in self.env.items()}
         return data
+
+
+ENGINE_KEY_VAR = "VLLM_API_KEY"
+
+
+def engine_key_path(topo: Topology, node: str) -> str:
+    """Where the deployment's engine API key lives on `node` (mode 0600; written by `up`, never printed)."""
+    return f"{run_dir(topo, node)}/engine.key"
+
+
+def engine_bind(topo: Topology, node: str) -> str:
+    n = topo.node(node)
+    return n.bind or n.address
 
 
 def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]:
@@ -96,6 +112,7 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         **topo.env.all,
         MARKER: topo.name,
         "PYTHONUNBUFFERED": "1",
+        # Also the address peers are told to dial, so always the node's own, whatever `bind` says.
         "VLLM_NIXL_SIDE_CHANNEL_HOST": node.address,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(inst.side_channel_port),
     }
@@ -113,6 +130,8 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
     env.update(getattr(topo.env, role))
     marked = mark(env, secret_names(topo))
     argv = _vllm_argv(topo, role, inst) if topo.engine == "vllm" else _sim_argv(topo, role, inst, self_python)
+    # VLLM_API_KEY, not --api-key: argv is visible to every user of the node and is part of the plan.
+    secret_env = {ENGINE_KEY_VAR: engine_key_path(topo, node.name)}
     side = tuple(inst.side_channel_port + r for r in range(inst.data_parallel_size))
     url = f"http://{node.address}:{inst.port}"
     return ProcessSpec(
@@ -128,6 +147,7 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         url=url,
         ports=(inst.port, *side),
         gpus=tuple(inst.gpus),
+        secret_env=secret_env,
     )
 
 
@@ -147,7 +167,7 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
     if not topo.prefix_caching_for(role, inst):
         argv.append("--no-enable-prefix-caching")
-    argv += ["--port", str(inst.port)]
+    argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
     block_size = topo.block_size_for(inst)
     if block_size is not None:
@@ -167,7 +187,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     model = topo.model_for(inst)
     node = topo.node(inst.node)
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.sim", "serve", model.id, "--role", role]
-    argv += ["--host", node.address, "--port", str(inst.port), *_model_args(topo, inst)]
+    argv += ["--host", engine_bind(topo, node.name), "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
     argv += ["--block-size", str(topo.block_size_for(inst) or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(role, inst):
@@ -195,6 +215,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():
         argv += ["--conversation-header", name]
+    argv += ["--engine-key-file", engine_key_path(topo, node.name)]
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
     url = f"http://{node.address}:{r.port}"
     return ProcessSpec(

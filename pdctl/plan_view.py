@@ -18,6 +18,7 @@ def plan_json(specs: list[ProcessSpec]) -> str:
 
 def shell_line(spec: ProcessSpec, only_env: set[str] | None = None) -> str:
     env = [shlex.quote(f"{k}={shown(v)}") for k, v in spec.env.items() if only_env is None or k in only_env]
+    env += [f'{k}="$(cat {p})"' for k, p in spec.secret_env.items() if only_env is None or k in only_env]
     return " ".join([*env, *(shlex.quote(a) for a in spec.argv)])
 
 

@@ -48,6 +48,10 @@ class Strict(BaseModel):
 class Node(Strict):
     name: NodeName = Field(description="Name used by instances and the router to refer to this node.")
     address: Address = Field("127.0.0.1", description="Address other nodes and the CLI use to reach this node.")
+    bind: Address | None = Field(
+        None, description="Address this node's engines listen on; default: `address` (0.0.0.0 only if you mean "
+        "every interface: the engines would then be reachable from anywhere that routes to the node).",
+    )
     user: UserName | None = Field(None, description="SSH user; default from ~/.ssh/config or the local user.")
     port: int = Field(22, ge=1, le=65535, description="SSH port.")
     ssh_alias: SshAlias | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")

@@ -84,6 +84,14 @@ class Endpoints:
     prefill_logs: tuple[tuple[str, str], ...]
     decode_urls: tuple[str, ...]
     model: str
+    router_node: str = "local"
+    decode_nodes: tuple[str, ...] = ()
+
+    def health_targets(self) -> list[tuple[str, str]]:
+        """(node, url) of the router and every engine."""
+        prefill_nodes = [node for node, _ in self.prefill_logs]
+        return [(self.router_node, self.router_url), *zip(prefill_nodes, self.prefill_urls, strict=True),
+                *zip(self.decode_nodes, self.decode_urls, strict=True)]
 
 
 def endpoints(topo: Topology) -> Endpoints:
@@ -96,4 +104,6 @@ def endpoints(topo: Topology) -> Endpoints:
         prefill_logs=tuple((s.node, s.log_path) for s in prefills),
         decode_urls=tuple(s.url for s in specs if s.role == "decode"),
         model=topo.model.name,
+        router_node=router.node,
+        decode_nodes=tuple(s.node for s in specs if s.role == "decode"),
     )

@@ -18,11 +18,12 @@ from pdctl.remote.base import Transport, expand_home
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
 
-def wait_healthy(urls: list[str], timeout_s: float = 300.0) -> None:
-    """Every `url/health` answers 200, or LaunchError naming the first that did not."""
+def wait_healthy(targets: list[tuple[Transport, str]], timeout_s: float = 300.0) -> None:
+    """Every `url/health` answers 200 (each through its host's transport), or LaunchError naming the first that
+    did not."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0) as client:
-        for url in urls:
+    for transport, url in targets:
+        with httpx.Client(timeout=5.0, transport=transport.http()) as client:
             while True:
                 try:
                     if client.get(f"{url}/health").status_code == 200:
@@ -31,32 +32,35 @@ def wait_healthy(urls: list[str], timeout_s: float = 300.0) -> None:
                     pass
                 if time.monotonic() > deadline:
                     raise LaunchError(
-                        f"{url}/health did not answer 200 within {timeout_s:.0f} s",
+                        f"{url}/health on {transport.name} did not answer 200 within {timeout_s:.0f} s",
                         hint="check `pdctl status`, or deploy with `pdctl up` and rerun the bench",
                     )
                 time.sleep(0.25)
 
 
-def healthy(url: str) -> bool:
+def healthy(transport: Transport, url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=3.0).status_code == 200
+        with httpx.Client(timeout=3.0, transport=transport.http()) as client:
+            return client.get(f"{url}/health").status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def router_stats(url: str) -> dict[str, object] | None:
+def router_stats(transport: Transport, url: str) -> dict[str, object] | None:
     try:
-        resp = httpx.get(f"{url}/stats", timeout=TIMEOUT)
+        with httpx.Client(timeout=TIMEOUT, transport=transport.http()) as client:
+            resp = client.get(f"{url}/stats")
         return resp.json() if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
 
 
-def tokens_per_word(url: str, model: str, text: str) -> float | None:
+def tokens_per_word(transport: Transport, url: str, model: str, text: str) -> float | None:
     """How many of the engine's tokens one corpus word makes; None when `/tokenize` is not there."""
     words = len(text.split())
     try:
-        resp = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": text}, timeout=TIMEOUT)
+        with httpx.Client(timeout=TIMEOUT, transport=transport.http()) as client:
+            resp = client.post(f"{url}/tokenize", json={"model": model, "prompt": text})
         count = int(resp.json()["count"]) if resp.status_code == 200 else 0
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
@@ -91,9 +95,13 @@ class KvMeter:
 
     def _scrape(self) -> Samples:
         total: Samples = {}
-        for url in self.ep.prefill_urls:
+        for url, (node, _) in zip(self.ep.prefill_urls, self.ep.prefill_logs, strict=False):
+            transport = self.transports.get(node)
+            if transport is None:
+                continue
             try:
-                resp = httpx.get(f"{url}/metrics", timeout=TIMEOUT)
+                with httpx.Client(timeout=TIMEOUT, transport=transport.http()) as client:
+                    resp = client.get(f"{url}/metrics")
             except httpx.HTTPError:
                 continue
             if resp.status_code == 200:

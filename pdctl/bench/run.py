@@ -6,23 +6,32 @@ was found. `--no-redeploy` measures the running deployment as a single leg.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pdctl.bench import guards, probe
 from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
+from pdctl.bench.remote_play import play_on_node
 from pdctl.bench.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import PdctlError, UsageError
+from pdctl.plan import python_for, run_dir
+from pdctl.remote.base import Transport
 from pdctl.remote.hosts import connected
+from pdctl.remote.local import LocalTransport
+from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
+
+ClientWhere = Literal["auto", "local", "router-node"]
+"""Where the load player runs: auto = on the router's node when that node is remote, else here."""
+Hosts = Mapping[str, Transport]
 
 
 class Deployer(Protocol):
@@ -52,6 +61,8 @@ class BenchOptions:
     base_overrides: list[str] = field(default_factory=list)
     warmup: bool = True
     api_key: str | None = None
+    ssh: SshOptions | None = None
+    client: ClientWhere = "auto"
 
 
 def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress) -> BenchResult:
@@ -69,10 +80,17 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
     # Every leg's topology and the corpus are checked before anything is stopped or started.
     topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
     build(dataclasses.replace(opts.workload, lengths=(16,), conversations=1, turns=1))
-    was_running = probe.healthy(endpoints(base).router_url)
+    with connected(base.nodes, opts.ssh) as hosts:
+        return _run(opts, deployer, progress, base, legs, topos, hosts, result, start)
+
+
+def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base: Topology, legs: list[LegSpec],
+         topos: list[Topology], hosts: Hosts, result: BenchResult, start: float) -> BenchResult:
+    base_ep = endpoints(base)
+    was_running = probe.healthy(hosts[base_ep.router_node], base_ep.router_url)
     if opts.no_redeploy and not was_running:
         raise UsageError(
-            f"{base.name} is not running (no answer from {endpoints(base).router_url}/health)",
+            f"{base.name} is not running (no answer from {base_ep.router_url}/health)",
             hint=f"start it with `pdctl up -t {opts.topology}`, or drop --no-redeploy",
         )
     workload = opts.workload
@@ -80,7 +98,7 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
         for spec, topo in zip(legs, topos, strict=True):
             ep = endpoints(topo)
             try:
-                _deploy(spec, topo, ep, deployer if not opts.no_redeploy else None, progress)
+                _deploy(spec, topo, ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:
                 # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
                 progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
@@ -89,9 +107,9 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
                 failed.failures.append(f"could not deploy: {' … '.join(dict.fromkeys([lines[0], lines[-1]]))}")
                 result.legs.append(failed)
                 continue
-            workload = _calibrated(workload, ep)
-            result.workload = _describe(workload, opts)
-            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress))
+            workload = _calibrated(workload, ep, hosts)
+            result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
+            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts))
     finally:
         if deployer is not None and not opts.no_redeploy:
             progress.note(f"restoring {base.name} as it was found ({'running' if was_running else 'stopped'})")
@@ -103,14 +121,15 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
     return result
 
 
-def _deploy(spec: LegSpec, topo: Topology, ep: Endpoints, deployer: Deployer | None, progress: Progress) -> None:
+def _deploy(spec: LegSpec, topo: Topology, ep: Endpoints, hosts: Hosts, deployer: Deployer | None,
+            progress: Progress) -> None:
     """Redeploy for the leg and wait for every endpoint; one retry, so a transient launch failure costs no leg."""
     for attempt in (1, 2):
         try:
             if deployer is not None:
                 progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
                 deployer.redeploy(topo)
-            probe.wait_healthy([ep.router_url, *ep.prefill_urls, *ep.decode_urls])
+            probe.wait_healthy([(hosts[node], url) for node, url in ep.health_targets()])
             return
         except PdctlError as exc:
             if attempt == 2 or deployer is None:
@@ -118,8 +137,18 @@ def _deploy(spec: LegSpec, topo: Topology, ep: Endpoints, deployer: Deployer | N
             progress.note(f"leg {spec.name}: deploy failed ({exc.message.splitlines()[0]}); retrying once")
 
 
+def client_where(opts: BenchOptions, topo: Topology, hosts: Hosts) -> str:
+    """`local`, or `router node <name>` when the player runs next to the router."""
+    node = topo.router.node
+    remote = not isinstance(hosts[node], LocalTransport)
+    if opts.client == "router-node" or (opts.client == "auto" and remote):
+        return f"router node {node}"
+    return "local"
+
+
 def run_leg(
-    spec: LegSpec, topo: Topology, ep: Endpoints, workload: WorkloadSpec, opts: BenchOptions, progress: Progress
+    spec: LegSpec, topo: Topology, ep: Endpoints, workload: WorkloadSpec, opts: BenchOptions, progress: Progress,
+    hosts: Hosts,
 ) -> LegResult:
     leg = LegResult(
         name=spec.name,
@@ -139,34 +168,55 @@ def run_leg(
         seed=workload.seed,
     )
     plans = build(workload)
-    if opts.warmup and not _warm_up(spec.name, plans[0], client, progress, leg):
+    player = _player(opts, topo, hosts)
+    if opts.warmup and not _warm_up(spec.name, plans[0], client, progress, leg, player):
         leg.wall_s = time.monotonic() - started
         return leg
     progress.leg_started(spec.name, sum(p.turns for p in plans))
-    meter = probe.KvMeter(ep)
-    with contextlib.ExitStack() as stack:
-        if not meter.metrics_available():
-            # Engines without NIXL Prometheus metrics: read their `KV Transfer metrics` log lines instead.
-            nodes = {node for node, _ in ep.prefill_logs}
-            meter.transports = stack.enter_context(connected(n for n in topo.nodes if n.name in nodes))
-        for length in workload.lengths:
-            convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
-            meter.start()
-            leg.records += asyncio.run(play(convs, client, spec.name, progress.request_done))
-            kv = meter.stop()
-            leg.kv_by_length[length] = kv
-            leg.kv = leg.kv + kv
-    leg.router_stats = probe.router_stats(ep.router_url)
+    meter = probe.KvMeter(ep, hosts)
+    for length in workload.lengths:
+        convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
+        meter.start()
+        leg.records += player(convs, client, spec.name, progress.request_done)
+        kv = meter.stop()
+        leg.kv_by_length[length] = kv
+        leg.kv = leg.kv + kv
+    leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
     leg.failures = guards.check(leg)
     leg.wall_s = time.monotonic() - started
     return leg
 
 
-def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult) -> bool:
+Player = Callable[[list[Conversation], ClientOptions, str, Callable[[RequestRecord], None] | None],
+                  list[RequestRecord]]
+
+
+def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
+    """Plays conversations here (through the router node's transport) or on the router's node itself."""
+    node = topo.router.node
+    transport = hosts[node]
+    if client_where(opts, topo, hosts) == "local":
+        def here(convs: list[Conversation], client: ClientOptions, leg: str,
+                 on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
+            return asyncio.run(play(convs, client, leg, on_record, transport=transport.async_http()))
+        return here
+
+    def there(convs: list[Conversation], client: ClientOptions, leg: str,
+              on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
+        records = play_on_node(transport, python_for(topo, node=node), run_dir(topo, node), convs, client, leg)
+        for rec in records:
+            if on_record is not None:
+                on_record(rec)
+        return records
+    return there
+
+
+def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,
+             player: Player) -> bool:
     """Two short turns outside the records, so the first measured request pays no cold-start cost."""
     short = dataclasses.replace(plan, key=f"warmup-{plan.key}", users=plan.users[:1])
     conv = Conversation(short, client.api, f"{name}-warmup")
-    records = asyncio.run(play([conv], dataclasses.replace(client, clients=1, rate=0.0), name))
+    records = player([conv], dataclasses.replace(client, clients=1, rate=0.0), name, None)
     bad = next((r for r in records if not r.ok), None)
     if bad is not None:
         leg.failures.append(f"warm-up request failed: {bad.error or f'HTTP {bad.status}'}")
@@ -175,12 +225,12 @@ def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress:
     return True
 
 
-def _calibrated(workload: WorkloadSpec, ep: Endpoints) -> WorkloadSpec:
+def _calibrated(workload: WorkloadSpec, ep: Endpoints, hosts: Hosts) -> WorkloadSpec:
     """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
     if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not ep.prefill_urls:
         return workload
     sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)
-    ratio = probe.tokens_per_word(ep.prefill_urls[0], ep.model, sample)
+    ratio = probe.tokens_per_word(hosts[ep.prefill_logs[0][0]], ep.prefill_urls[0], ep.model, sample)
     return dataclasses.replace(workload, tokens_per_word=round(ratio, 4)) if ratio else workload
 
 

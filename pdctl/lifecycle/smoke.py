@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from pdctl.errors import SmokeTestError
+from pdctl.remote.base import Transport
 from pdctl.topology import Topology
 
 HEADER = "x-pd-kv-reuse"
@@ -55,12 +56,13 @@ class SmokeResult:
         return asdict(self)
 
 
-def smoke_test(topo: Topology, router_url: str, timeout: float = 120.0) -> SmokeResult:
-    """Run the two turns; raise SmokeTestError when turn 2 is not a hit and bidirectional transfer is on."""
+def smoke_test(topo: Topology, router_url: str, transport: Transport, timeout: float = 120.0) -> SmokeResult:
+    """Run the two turns through `transport` (the router's host); raise SmokeTestError when turn 2 is not a hit
+    and bidirectional transfer is on."""
     cid = f"pdctl-smoke-{uuid.uuid4().hex[:12]}"
     headers = _auth_headers(topo)
     messages: list[dict[str, str]] = [{"role": "user", "content": FIRST}]
-    with httpx.Client(base_url=router_url, timeout=timeout, headers=headers) as client:
+    with httpx.Client(base_url=router_url, timeout=timeout, headers=headers, transport=transport.http()) as client:
         reply, turn1 = _turn(client, topo, cid, messages, 1)
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": SECOND}]
         _, turn2 = _turn(client, topo, cid, messages, 2)

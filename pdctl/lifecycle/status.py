@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl.errors import PdctlError
 from pdctl.nodes import launch
 from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
@@ -87,10 +89,13 @@ class StatusReport:
     processes: list[ProcessStatus] = field(default_factory=list)
     router: RouterStatus | None = None
     strays: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    reach: str = ""
 
     @property
     def healthy(self) -> bool:
-        return bool(self.processes) and all(p.alive and p.health == "ok" for p in self.processes)
+        ok = all(p.alive and p.health == "ok" for p in self.processes)
+        return bool(self.processes) and ok and not self.unreachable
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy}
@@ -103,32 +108,65 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
     state = store.load()
     records = state.processes if state else {}
     report = StatusReport(topo.name, str(store.path) if state else None)
-    with connected(topo.nodes, ssh) as hosts:
-        nodes = sorted({s.node for s in specs})
-        live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
-        gpu = parallel(nodes, lambda n: _gpu_memory(hosts[n], live[n])) if topo.engine == "vllm" else {}
-    by_name = {s.name: s for s in specs}
-    rows = parallel(list(by_name), lambda n: _process(by_name[n], live[by_name[n].node], records, gpu))
-    report.processes = [rows[s.name] for s in specs]
-    for node, procs in live.items():
-        report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
     router = next(s for s in specs if s.role == "router")
-    report.router = router_stats(router.url)
+    with reachable(topo.nodes, ssh) as (hosts, failed):
+        report.unreachable = {n: e.message.splitlines()[0] for n, e in failed.items()}
+        nodes = sorted({s.node for s in specs if s.node in hosts})
+        live = parallel(nodes, lambda n: _running(hosts[n], topo.name, n, report.unreachable))
+        up = [n for n in nodes if n not in report.unreachable]
+        gpu = parallel(up, lambda n: _gpu_memory(hosts[n], live[n])) if topo.engine == "vllm" else {}
+        by_name = {s.name: s for s in specs}
+        rows = parallel(list(by_name), lambda n: _process(by_name[n], hosts, live, records, gpu, report.unreachable))
+        report.processes = [rows[s.name] for s in specs]
+        for node, procs in live.items():
+            report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
+        if router.node in report.unreachable:
+            report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
+        else:
+            report.router = router_stats(hosts[router.node], router.url)
+        report.reach = reach_hint(topo, router, hosts.get(router.node))
     return report
+
+
+def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None) -> str:
+    """How a person at the CLI's machine reaches the router."""
+    if transport is None or isinstance(transport, LocalTransport):
+        return f"router: {router.url}"
+    return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
+            f"`pdctl port-forward -t <topology> --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
+
+
+def _running(transport: Transport, deployment: str, node: str,
+             unreachable: dict[str, str]) -> dict[str, list[HostProcess]]:
+    try:
+        return launch.running(transport, deployment, node)
+    except PdctlError as exc:  # the connection dropped after it was opened
+        unreachable[node] = exc.message.splitlines()[0]
+        return {}
 
 
 def _process(
     spec: ProcessSpec,
-    live: Mapping[str, list[HostProcess]],
+    hosts: Mapping[str, Transport],
+    live_by_node: Mapping[str, Mapping[str, list[HostProcess]]],
     records: Mapping[str, Any],
     gpu: Mapping[str, dict[str, int]],
+    unreachable: Mapping[str, str],
 ) -> ProcessStatus:
     record = records.get(spec.name)
-    lead = launch.leader(live.get(spec.name, []), record)
+    if spec.node in unreachable:
+        return ProcessStatus(
+            name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url, pid=None,
+            unit=record.unit if record else None, alive=False, health="unreachable", uptime_s=None,
+            log_path=spec.log_path,
+        )
+    transport = hosts[spec.node]
+    lead = launch.leader(live_by_node.get(spec.node, {}).get(spec.name, []), record)
     alive = lead is not None
-    verdict = launch.health(spec.health_url, timeout=2.0) if alive else "down"
+    verdict = launch.health(transport, spec.health_url, timeout=2.0) if alive else "down"
     uptime = time.time() - record.started_at if record is not None and alive else None
-    metrics = engine_metrics(spec.url) if alive and spec.role != "router" and verdict == "ok" else None
+    ok = alive and spec.role != "router" and verdict == "ok"
+    metrics = engine_metrics(transport, spec.url) if ok else None
     return ProcessStatus(
         name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
         pid=lead.pid if lead else None, unit=record.unit if record else None, alive=alive, health=verdict,
@@ -137,9 +175,10 @@ def _process(
     )
 
 
-def engine_metrics(url: str) -> EngineMetrics | None:
+def engine_metrics(transport: Transport, url: str) -> EngineMetrics | None:
     try:
-        text = httpx.get(f"{url}/metrics", timeout=3.0).text
+        with httpx.Client(transport=transport.http(), timeout=3.0) as client:
+            text = client.get(f"{url}/metrics").text
     except httpx.HTTPError:
         return None
     return parse_metrics(text)
@@ -156,9 +195,10 @@ def parse_metrics(text: str) -> EngineMetrics:
     return EngineMetrics(**values)
 
 
-def router_stats(url: str) -> RouterStatus:
+def router_stats(transport: Transport, url: str) -> RouterStatus:
     try:
-        data = httpx.get(f"{url}/stats", timeout=3.0).json()
+        with httpx.Client(transport=transport.http(), timeout=3.0) as client:
+            data = client.get(f"{url}/stats").json()
     except (httpx.HTTPError, ValueError) as exc:
         return RouterStatus(url, error=type(exc).__name__)
     reuse = data.get("reuse") or {}

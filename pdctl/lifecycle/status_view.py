@@ -51,6 +51,10 @@ def render_status(report: StatusReport, console: Console) -> None:
                 + f"{r.live_handles} live handles",
                 highlight=False,
             )
+    for node, why in report.unreachable.items():
+        console.print(f"[red]unreachable[/] {node}: {why}", highlight=False)
+    if report.reach:
+        console.print(f"[dim]{report.reach}[/]", highlight=False)
     for stray in report.strays:
         console.print(f"[yellow]not in the topology but running[/]: {stray}", highlight=False)
     if report.state_file is None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
+from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.smoke import SmokeResult, router_api_key, smoke_test
@@ -68,6 +69,7 @@ def _up(topo: Topology, console: Console, opts: UpOptions) -> Deployment:
         store.save(state)
         if to_start:
             preflight(topo, to_start, hosts, router_api_key(topo))
+            ensure_key(topo, hosts)
             if opts.provision:
                 from pdctl.nodes.provision import provision
 
@@ -96,7 +98,7 @@ def _up(topo: Topology, console: Console, opts: UpOptions) -> Deployment:
         if opts.smoke:
             console.print("smoke test: two turns through the router")
             try:
-                result = smoke_test(topo, router_url)
+                result = smoke_test(topo, router_url, hosts[router[0].node])
             except SmokeTestError as exc:
                 # a deployment that failed its check must not stay up for the next `up` to call converged
                 if not started:

@@ -25,7 +25,8 @@ POLL_S = 0.5
 LIVENESS_EVERY = 2
 TAIL_LINES = 30
 
-HealthCheck = Callable[[ProcessSpec], str]
+HealthCheck = Callable[[ProcessSpec, Transport], str]
+"""`ok` or why not, for a spec and the transport of its node."""
 
 
 @dataclass
@@ -37,8 +38,8 @@ class _Row:
     ready_after: float | None = None
 
 
-def default_check(spec: ProcessSpec) -> str:
-    return health(spec.health_url, timeout=2.0)
+def default_check(spec: ProcessSpec, transport: Transport) -> str:
+    return health(transport, spec.health_url, timeout=2.0)
 
 
 def wait_healthy(
@@ -63,7 +64,7 @@ def wait_healthy(
             if not pending:
                 break
             for row in pending:
-                verdict = check(row.spec)
+                verdict = check(row.spec, hosts[row.spec.node])
                 if verdict == "ok":
                     row.state, row.ready_after = "healthy", time.monotonic() - row.started
                 else:

@@ -29,6 +29,7 @@ def job_for(spec: ProcessSpec, deployment: str) -> DetachedJob:
         env=env,
         workdir=spec.workdir,
         log_path=spec.log_path,
+        secret_env=spec.secret_env,
     )
 
 
@@ -108,10 +109,11 @@ def _signal(transport: Transport, procs: list[HostProcess], signal: str) -> None
     transport.signal(sorted(pids), groups, signal)
 
 
-def health(url: str, timeout: float = 2.0) -> str:
-    """`ok`, or why not: the HTTP status, or the connection error's kind."""
+def health(transport: Transport, url: str, timeout: float = 2.0) -> str:
+    """`ok`, or why not: the HTTP status, or the connection error's kind. `transport` is the host serving `url`."""
     try:
-        resp = httpx.get(url, timeout=timeout)
+        with httpx.Client(transport=transport.http(), timeout=timeout) as client:
+            resp = client.get(url)
     except httpx.TimeoutException:
         return "timeout"
     except httpx.HTTPError as exc:

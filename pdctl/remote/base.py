@@ -8,11 +8,14 @@ launch) takes a `Transport` and never knows which one it has. Commands are data:
 from __future__ import annotations
 
 import shlex
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httpx
 
 from pdctl.errors import RemoteCommandError
 
@@ -23,6 +26,18 @@ Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while a file moves."""
 
 Command = str | Sequence[str]
+
+
+class Stream(Protocol):
+    """What `connect_tcp` returns: a socket or an SSH channel."""
+
+    def recv(self, size: int, /) -> bytes: ...
+
+    def sendall(self, data: bytes, /) -> Any: ...
+
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,29 @@ class Transport(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._http: httpx.BaseTransport | None = None
+
+    def http(self) -> httpx.BaseTransport:
+        """The httpx transport for HTTP to this host's addresses, pooled and shared: pass it as
+        `httpx.Client(transport=...)`; closing that client leaves the pool open (it closes with the host)."""
+        from pdctl.remote.sshhttp import Shared
+
+        if self._http is None:
+            self._http = self._new_http()
+        return Shared(self._http)
+
+    def async_http(self) -> httpx.AsyncBaseTransport:
+        """A new async httpx transport reaching this host's addresses (one per event loop; the client closes it)."""
+        return httpx.AsyncHTTPTransport()
+
+    def _new_http(self) -> httpx.BaseTransport:
+        return httpx.HTTPTransport()
+
+    def connect_tcp(self, host: str, port: int, timeout: float = 10.0) -> Stream:
+        """A byte stream to `host:port` as this host sees the network (a socket here, an SSH channel there)."""
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.settimeout(None)
+        return sock
 
     @abstractmethod
     def run(
@@ -129,5 +167,8 @@ class Transport(ABC):
 
         self.run(kill_script(list(pids), list(pgids), signal), timeout=30.0)
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the connection."""
+    def close(self) -> None:
+        """Release the connection (and the HTTP pool)."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdctl.plan import MARKER
 from pdctl.remote.base import expand_home
@@ -29,6 +29,8 @@ class DetachedJob:
     env: Mapping[str, EnvValue]
     workdir: str
     log_path: str
+    secret_env: Mapping[str, str] = field(default_factory=dict)
+    """name -> file on the host: exported from the file's content just before exec, never in argv or a unit."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
 
     Prints `pid <n>` or `unit <name> <main pid>`. `masked`: the script as shown to people, secrets as `***`.
     """
-    argv = " ".join(expand_home(a) for a in job.argv)
+    argv = " ".join(expand_home(a) for a in _with_secrets(job))
     env = {k: shown(v) if masked else reveal(v) for k, v in job.env.items()}
     env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     return "\n".join(
@@ -75,6 +77,14 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
             "fi",
         ]
     )
+
+
+def _with_secrets(job: DetachedJob) -> tuple[str, ...]:
+    """argv behind a tiny `sh` that exports each secret from its file and execs the process."""
+    if not job.secret_env:
+        return job.argv
+    reads = "; ".join(f'{k}="$(cat {expand_home(p)})" || exit 5; export {k}' for k, p in job.secret_env.items())
+    return ("sh", "-c", f'{reads}; exec "$@"', "pdctl-secret-env", *job.argv)
 
 
 def systemd_script(unit: str, env: Mapping[str, str], argv: str) -> str:

@@ -7,11 +7,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import httpx
 import paramiko
 
 from pdctl.errors import ConnectError, RemoteCommandError
-from pdctl.remote.base import Command, CommandResult, Progress, Transport, render
+from pdctl.remote.base import Command, CommandResult, Progress, Stream, Transport, render
 from pdctl.remote.sshconnect import SshOptions, Target, load_config, mapped_errors, open_client, resolve
+from pdctl.remote.sshhttp import AsyncSshHttpTransport, SshHttpTransport
 from pdctl.topology import Node
 
 READ = 1 << 15
@@ -55,6 +57,10 @@ class SshTransport(Transport):
                 chan.shutdown_write()
                 out, err = self._collect(chan, script, start, timeout)
                 code = chan.recv_exit_status()
+                link = chan.get_transport()
+                if code == -1 and (link is None or not link.is_active()):  # paramiko's "closed, no status"
+                    raise ConnectError(self.name, f"the SSH connection ({self._where()}) dropped while a command "
+                                       "ran", hint="check the host and the jump hosts in front of it, then rerun")
             finally:
                 chan.close()
         if sudo and code != 0 and "a password is required" in err:
@@ -106,12 +112,37 @@ class SshTransport(Transport):
             sftp.chmod(tmp, local.stat().st_mode & 0o7777)
             sftp.posix_rename(tmp, rel)
 
+    def _new_http(self) -> httpx.BaseTransport:
+        return SshHttpTransport(self.client.get_transport, self._hop())
+
+    def async_http(self) -> httpx.AsyncBaseTransport:
+        return AsyncSshHttpTransport(self.client.get_transport, self._hop())
+
+    def connect_tcp(self, host: str, port: int, timeout: float = 10.0) -> Stream:
+        with mapped_errors(self.target, self.options):
+            link = self.client.get_transport()
+            if link is None or not link.is_active():
+                raise ConnectError(self.name, "the SSH connection was lost", hint="check the host and rerun")
+            chan = link.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+        chan.settimeout(None)
+        return chan
+
+    def _hop(self) -> str:
+        """The host as errors name it: node, and the jump hosts in front of it."""
+        return f"{self.name} ({self._where()})"
+
+    def _where(self) -> str:
+        t = self.target
+        via = f" via {t.proxy_jump}" if t.proxy_jump else " via ProxyCommand" if t.proxy_command else ""
+        return f"{t.user}@{t.hostname}{via}"
+
     def _sftp_client(self) -> paramiko.SFTPClient:
         if self._sftp is None:
             self._sftp = self.client.open_sftp()
         return self._sftp
 
     def close(self) -> None:
+        super().close()
         if self._sftp is not None:
             self._sftp.close()
         for client in reversed(self._clients):

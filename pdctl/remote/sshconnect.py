@@ -17,6 +17,8 @@ from pathlib import Path
 import paramiko
 
 from pdctl.errors import ConnectError
+from pdctl.remote import knownhosts
+from pdctl.remote.sshconfig import HostConfig, host_config, proxy_command
 
 
 @dataclass(frozen=True)
@@ -53,23 +55,16 @@ class Target:
     user: str
     identity_files: tuple[str, ...]
     proxy_jump: str | None
+    proxy_command: str | None = None
 
 
-def load_config(options: SshOptions) -> paramiko.SSHConfig:
-    path = options.ssh_config
-    if path is None or not path.exists():
-        return paramiko.SSHConfig()
-    try:
-        return paramiko.SSHConfig.from_path(str(path))
-    except (OSError, paramiko.SSHException) as exc:
-        raise ConnectError(
-            str(path), f"cannot read SSH config: {exc}", hint="fix the file or pass --ssh-config"
-        ) from None
+def load_config(options: SshOptions) -> HostConfig:
+    return host_config(options.ssh_config)
 
 
 def resolve(
     spec: str,
-    config: paramiko.SSHConfig,
+    config: HostConfig,
     options: SshOptions,
     *,
     user: str | None = None,
@@ -81,24 +76,41 @@ def resolve(
     spec_user, _, hostport = spec.rpartition("@")
     host, _, spec_port = hostport.partition(":") if hostport.count(":") == 1 else (hostport, "", "")
     entry = config.lookup(host)
-    jump = entry.get("proxyjump")
-    return Target(
+    jump, command = entry.get("proxyjump"), entry.get("proxycommand")
+    files = entry.get("identityfile", [])
+    hostname = str(entry.get("hostname", host))
+    target = Target(
         label=label or host,
-        hostname=entry.get("hostname", host),
-        port=port or int(spec_port or entry.get("port", 22)),
-        user=user or spec_user or entry.get("user") or getpass.getuser(),
-        identity_files=tuple(options.identity_files) + tuple(entry.get("identityfile", [])),
-        proxy_jump=None if jump in (None, "none") else jump,
+        hostname=hostname,
+        port=port or int(spec_port or str(entry.get("port", 22))),
+        user=user or spec_user or str(entry.get("user") or getpass.getuser()),
+        identity_files=tuple(options.identity_files) + tuple(files if isinstance(files, list) else [files]),
+        proxy_jump=None if jump in (None, "none") else str(jump),
     )
+    if command not in (None, "none") and target.proxy_jump is None:
+        line = proxy_command(str(command), hostname, target.port, target.user)
+        target = Target(**{**target.__dict__, "proxy_command": line})
+    return target
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Refuse unknown keys, or accept and append them to known_hosts when the user said so."""
+    """Refuse unknown keys, or accept and append them to known_hosts when the user said so; never a revoked key
+    or a host known only through a certificate authority."""
 
-    def __init__(self, options: SshOptions) -> None:
+    def __init__(self, options: SshOptions, markers: knownhosts.Markers | None = None) -> None:
         self.options = options
+        self.markers = markers or knownhosts.Markers()
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if self.markers.revoked_for(hostname, key):
+            raise _RefusedHostKey(f"the host key of {hostname} is marked @revoked in {self.options.known_hosts} "
+                                  f"({key.fingerprint})", "replace the host's key, or remove the @revoked line")
+        line = self.markers.authority_line(hostname)
+        if line is not None:
+            raise _RefusedHostKey(
+                f"{hostname} is trusted through a @cert-authority ({self.options.known_hosts}:{line}); pdctl "
+                "cannot verify SSH host certificates",
+                f"add the host's own key to known_hosts (ssh-keyscan {hostname}), after checking its fingerprint")
         if not self.options.accept_new_host_keys:
             raise _UnknownHostKey(hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -107,6 +119,23 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with path.open("a") as fh:
                 fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _RefusedHostKey(paramiko.SSHException):
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class _NoPromptTransport(paramiko.Transport):
+    """paramiko answers a server's keyboard-interactive request (a 2FA code after the key) by prompting on the
+    terminal and reading stdin; pdctl runs unattended and never does."""
+
+    def auth_interactive_dumb(self, username: str, handler: object = None, submethods: str = "") -> list[str]:
+        raise paramiko.AuthenticationException(
+            "the server asks for keyboard-interactive or password authentication after the key (a second factor?); "
+            "pdctl never prompts"
+        )
 
 
 class _UnknownHostKey(paramiko.SSHException):
@@ -120,9 +149,13 @@ class _UnknownHostKey(paramiko.SSHException):
 def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
     """The one place where paramiko/socket errors become ConnectError messages."""
     where = f"{target.user}@{target.hostname}:{target.port}"
+    if target.proxy_command:
+        where += f" through ProxyCommand `{target.proxy_command}`"
     kh = options.known_hosts or Path("~/.ssh/known_hosts")
     try:
         yield
+    except _RefusedHostKey as exc:
+        raise ConnectError(target.label, exc.message, hint=exc.hint) from None
     except _UnknownHostKey as exc:
         raise ConnectError(
             target.label,
@@ -166,16 +199,22 @@ def mapped_errors(target: Target, options: SshOptions) -> Iterator[None]:
         ) from None
 
 
-def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig) -> list[paramiko.SSHClient]:
-    """Connect to `target`, through its ProxyJump chain; returns the clients, the target's last."""
+def open_client(target: Target, options: SshOptions, config: HostConfig) -> list[paramiko.SSHClient]:
+    """Connect to `target`, through its ProxyJump chain or ProxyCommand; returns the clients, the target's last."""
     chain: list[paramiko.SSHClient] = []
-    sock = None
-    if target.proxy_jump:
+    sock: paramiko.Channel | paramiko.ProxyCommand | None = None
+    if target.proxy_command:
+        with mapped_errors(target, options):
+            sock = paramiko.ProxyCommand(target.proxy_command)
+    elif target.proxy_jump:
         hops = target.proxy_jump.split(",")
         jump = resolve(hops[-1], config, options)
         if len(hops) > 1:
             jump = Target(**{**jump.__dict__, "proxy_jump": ",".join(hops[:-1])})
-        chain = open_client(jump, options, config)
+        try:
+            chain = open_client(jump, options, config)
+        except ConnectError as exc:  # name both: the node we wanted and the hop that failed
+            raise ConnectError(target.label, f"jump host {exc.message}", hint=exc.hint) from None
         with mapped_errors(target, options):
             transport = chain[-1].get_transport()
             assert transport is not None
@@ -183,9 +222,10 @@ def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig)
                 "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=options.connect_timeout
             )
     client = paramiko.SSHClient()
+    markers = None
     if options.known_hosts is not None and options.known_hosts.exists():
-        client.get_host_keys().load(str(options.known_hosts))
-    client.set_missing_host_key_policy(_HostKeyPolicy(options))
+        markers = knownhosts.load(client.get_host_keys(), options.known_hosts)
+    client.set_missing_host_key_policy(_HostKeyPolicy(options, markers))
     with mapped_errors(target, options):
         client.connect(
             target.hostname,
@@ -196,6 +236,7 @@ def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig)
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,
             sock=sock,
+            transport_factory=_NoPromptTransport,  # type: ignore[arg-type]  # the stubs omit gss_* of Transport
         )
         transport = client.get_transport()
         assert transport is not None

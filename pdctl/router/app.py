@@ -120,6 +120,7 @@ class Endpoints:
     async def startup(self) -> None:
         cfg = self.state.config
         self.state.client = httpx.AsyncClient(
+            headers={"authorization": f"Bearer {cfg.engine_key}"} if cfg.engine_key else None,
             transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )

@@ -22,6 +22,8 @@ class RouterConfig:
     partial_reuse: bool = True
     local_prefill_tokens: int = 0
     api_key: str | None = field(default=None, repr=False)
+    engine_key: str | None = field(default=None, repr=False)
+    """Sent to the engines as `Authorization: Bearer`; they refuse everyone else."""
     max_body_bytes: int = 32 * 1024 * 1024
     max_handles: int = 4096
     sweep_interval: float = 5.0

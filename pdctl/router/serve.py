@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from pathlib import Path
 
 from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
@@ -19,6 +20,20 @@ def api_key_from_env(var: str | None) -> str | None:
     if not key:
         raise UsageError(f"--api-key-env {var}: the environment variable is not set or empty",
                          hint=f"export {var}=<key> before starting the router, or drop --api-key-env")
+    return key
+
+
+def engine_key_from_file(path: str | None) -> str | None:
+    """The engines' API key, read from the file `pdctl up` wrote on this node (the value never travels in argv)."""
+    if not path:
+        return None
+    try:
+        key = Path(path).expanduser().read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"--engine-key-file {path}: cannot read it ({exc.strerror})",
+                         hint="`pdctl up` writes it; rerun `pdctl up`") from None
+    if not key:
+        raise UsageError(f"--engine-key-file {path} is empty", hint="rerun `pdctl up --restart` to write a new key")
     return key
 
 

@@ -57,6 +57,7 @@ class SimConfig:
     die_after: int = 0
     extra_latency_ms: float = 0.0
     stream_kv_params: bool = True
+    api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
 
     @property
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fail-kv-reads", type=int, default=0, help="fault: fail the next N KV reads this engine starts")
     s.add_argument("--die-after", type=int, default=0, help="fault: exit after serving N generation requests")
     s.add_argument("--extra-latency-ms", type=float, default=0.0, help="fault: add this to every request")
+    s.add_argument("--api-key", default=None, help="require this Bearer token on /v1 routes (or VLLM_API_KEY)")
     s.add_argument("--stream-kv-params", action=argparse.BooleanOptionalAction, default=True,
                    help="put kv_transfer_params in a stream's final chunk; --no-stream-kv-params: as vLLM < 0.33 "
                    "without pdctl's patch")
@@ -163,5 +165,6 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         die_after=args.die_after,
         extra_latency_ms=args.extra_latency_ms,
         stream_kv_params=args.stream_kv_params,
+        api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),
     )

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -73,8 +75,12 @@ class SimServer:
             await self.api(scope, receive, send)
             return
         server = scope.get("server") or (None, None)
-        app = self.side if server[1] == self.cfg.side_channel_port else self.api
-        await app(scope, receive, send)
+        if server[1] == self.cfg.side_channel_port:
+            await self.side(scope, receive, send)
+        elif self.cfg.api_key and not _authorized(scope, self.cfg.api_key):
+            await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
 
     # -- OpenAI API ---------------------------------------------------------------------------------------
     async def health(self, _: Request) -> Response:
@@ -317,6 +323,25 @@ class SimServer:
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + self.cfg.log_stats_interval
                 log_stats(self.metrics)
+
+
+# vLLM's AuthenticationMiddleware (entrypoints/serve/utils/server_utils.py): only these prefixes are guarded
+# (/health, /metrics, /tokenize stay open), OPTIONS passes, Bearer token or Anthropic's x-api-key.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _authorized(scope: Scope, key: str) -> bool:
+    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+        return True
+    if not path.startswith(GUARDED_PREFIX):
+        return True
+    want = hashlib.sha256(key.encode()).digest()
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    given = [token] if scheme.lower() == "bearer" else []
+    given += [headers["x-api-key"]] if headers.get("x-api-key") else []
+    return any(secrets.compare_digest(hashlib.sha256(g.encode()).digest(), want) for g in given)
 
 
 def _listen(host: str, port: int) -> socket.socket:

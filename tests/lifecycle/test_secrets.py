@@ -36,14 +36,13 @@ def test_the_process_gets_the_secret_and_nothing_shows_it(make_topo: MakeTopo, c
 
 
 def test_a_failed_start_prints_its_script_masked(make_topo: MakeTopo, tmp_path: Path) -> None:
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("")
-    node = {"name": "local", "address": "127.0.0.1", "transport": "local", "work_dir": f"{blocker}/work"}
-    topo = make_topo(extra_yaml=ENV, nodes=[node])
+    topo = make_topo(extra_yaml=ENV)
+    # a directory where the decode's log file goes: the engine key is written, then the start script fails
+    (Path(topo.work_dir) / topo.name / "logs" / "decode-0.log").mkdir(parents=True)
     result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--no-smoke-test"],
                                 terminal_width=400)
     assert result.exit_code == 1, result.output
-    assert "exited 3" in result.output  # the start script could not make its work directory
+    assert "exited 3" in result.output  # the start script could not append to its log
     assert "env -- " in result.output and "'HF_TOKEN=***'" in result.output and "'MY_THING=***'" in result.output
     assert TOKEN not in result.output
     assert LocalTransport().find_by_marker(topo.name) == []

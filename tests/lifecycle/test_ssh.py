@@ -3,6 +3,7 @@ its own host, driven through the CLI and the library."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -88,3 +89,17 @@ def test_host_that_is_down_stops_up_before_anything_starts(
         down(topo, console, ssh=opts)
     assert str(info.value).startswith("h3: could not reach the host(s) to stop their processes")
     assert "bring the host back" in info.value.hint
+
+
+def test_status_json_with_one_host_unreachable(make_topo: MakeTopo, lab: SshLab, node_venv: str,
+                                               tmp_path: Path) -> None:
+    dead = free_port()
+    topo = make_topo(nodes=_nodes(lab, dead_port=dead), python_venv=node_venv, placement=("h2", "h3", "h1"))
+    args = ["--ssh-config", str(lab.ssh_config()), "--known-hosts", str(lab.known_hosts())]
+    result = CliRunner().invoke(app, ["status", "--json", "-t", str(tmp_path / f"{topo.name}.yaml"), *args])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["healthy"] is False
+    assert report["unreachable"] == {"h3": f"h3: unreachable: root@{lab.hosts[2].address}:{dead}: connection refused"}
+    health = {p["name"]: (p["node"], p["health"]) for p in report["processes"]}
+    assert health == {"decode-0": ("h3", "unreachable"), "prefill-0": ("h2", "down"), "router": ("h1", "down")}

@@ -136,3 +136,26 @@ def test_detached_start_survives_the_session_and_stops_by_node(lab: SshLab, tmp_
             stop(hosts["h1"], dep, "h1")
             stop(hosts["h2"], dep, "h2")
         assert hosts["h2"].find_by_marker(dep) == []
+
+
+def test_a_connection_that_drops_while_a_command_runs_fails_naming_the_host(lab: SshLab) -> None:
+    import threading
+
+    from tests.support.netns import _kill_netns_pids
+
+    host = lab.hosts[2]
+    t = connect_ssh(_node(lab, 2), _opts(lab))
+    killer = threading.Timer(1.0, _kill_netns_pids, args=(host.netns,))  # sshd and its sessions die, no goodbye
+    killer.start()
+    try:
+        with pytest.raises(ConnectError) as info:
+            t.run("sleep 30", timeout=None)
+        assert str(info.value) == f"h3: the SSH connection (root@{host.address}) dropped while a command ran"
+    finally:
+        killer.join()
+        t.close()
+        lab.stop_sshd(host)
+        lab.start_sshd(host)
+        from tests.support.netns import _wait_port
+
+        _wait_port(host.address, 22, host)

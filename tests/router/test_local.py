@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from pdctl.lifecycle.status import router_stats
+from pdctl.remote.local import LocalTransport
 from tests.router.conftest import RouterProc, assert_clean, corrupt, router_process
 from tests.router.talk import Conversation, Reply
 from tests.support.sim_procs import SimPair, sim_process
@@ -58,7 +59,7 @@ def test_short_turns_skip_the_prefill_and_long_ones_read_the_pinned_handle(
     assert corrupt(pd.prefill, pd.decode) == 0
     stats = local_router.stats()
     assert stats["local_turns"] >= 3 and stats["reuse"]["hit"] >= 4
-    assert router_stats(local_router.url).local_turns >= stats["local_turns"]  # what `pdctl status` prints
+    assert router_stats(LocalTransport(), local_router.url).local_turns >= stats["local_turns"]  # as `pdctl status`
 
 
 def test_without_the_option_every_turn_is_disaggregated(router: RouterProc) -> None:
