@@ -36,7 +36,7 @@ class Profile:
 
 
 PROFILES = {
-    "quick": Profile((2000, 8000, 16000, 24000), conversations=3, turns=4, user_tokens=150, output_tokens=64,
+    "quick": Profile((2000, 8000, 16000, 24000), conversations=4, turns=5, user_tokens=150, output_tokens=64,
                      clients=2),
     "full": Profile(DEFAULT_LENGTHS, conversations=10, turns=10, user_tokens=150, output_tokens=300, clients=2),
 }
