@@ -62,7 +62,8 @@ def test_installed_wheel_inits_validates_and_runs_the_demo(wheelhouse: Path, tmp
     assert "leg off: passed" in demo.stdout and "leg on: passed" in demo.stdout
     assert "simulated engines" in demo.stdout and "results are simulated" in demo.stdout
     legs = json.loads((work / "demo" / "bench" / "legs.json").read_text())
-    assert [leg["name"] for leg in legs] == ["off", "on"]
+    assert legs["simulated"] is True and legs["passed"] is True
+    assert [leg["name"] for leg in legs["legs"]] == ["off", "on"]
     assert (work / "demo" / "bench" / "report.md").exists()
     # down ran: nothing of the demo deployment is left, and its state file is gone
     name = (work / "demo" / "topology.yaml").read_text().split("name: ", 1)[1].split()[0]
