@@ -73,7 +73,8 @@ class LineProgress:
     def _beat(self) -> None:
         while not self.stop.wait(1.0):
             with self.lock:
-                if self.leg and time.monotonic() - self.last_line >= self.heartbeat_s:
+                quiet = time.monotonic() - self.last_line >= self.heartbeat_s
+                if self.leg and self.done < self.total and quiet:
                     self._print(f"leg {self.leg}: {self._counts()}")
 
 
