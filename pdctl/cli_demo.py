@@ -10,8 +10,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from pdctl.bench.estimate import estimate
 from pdctl.bench.progress import make_progress
 from pdctl.bench.render import print_outcome
+from pdctl.bench.workload import WorkloadSpec
 from pdctl.cli_bench import parse_lengths
 from pdctl.cli_support import call, err, out
 from pdctl.demo import DemoOptions, run_demo
@@ -54,6 +56,9 @@ def demo(
         err.print(f"pdctl demo: simulated engines (pdctl.sim), deployment {topo.name}; output in {opts.out}",
                   highlight=False, markup=False)
         err.print(f"if it is interrupted, clean up with: pdctl down -t {path}", highlight=False, markup=False)
+        spec = WorkloadSpec(opts.lengths, opts.conversations, opts.turns, opts.user_tokens, opts.output_tokens)
+        guess = estimate(spec, legs=2, clients=1, engine="sim", speed=opts.speed, redeploy=True)
+        err.print(guess.line(simulated=True), highlight=False, markup=False)
 
     with make_progress(console, opts.turns) as progress:
         result, files = call(lambda: run_demo(opts, console, progress, announce))

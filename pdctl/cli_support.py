@@ -38,7 +38,7 @@ def topology_path(given: Path | None) -> Path:
         return default
     raise UsageError(
         "no topology given",
-        hint="pass -t FILE, set PDCTL_TOPOLOGY, or create ./pdctl.yaml (see configs/local-sim.yaml)",
+        hint="pass -t FILE, set PDCTL_TOPOLOGY, or create ./pdctl.yaml (`pdctl init --example local-sim`)",
     )
 
 
