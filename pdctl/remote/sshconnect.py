@@ -85,7 +85,7 @@ def resolve(
     return Target(
         label=label or host,
         hostname=entry.get("hostname", host),
-        port=port or int(spec_port or entry.get("port", 22)),
+        port=port or int(spec_port or entry.get("port", "22")),
         user=user or spec_user or entry.get("user") or getpass.getuser(),
         identity_files=tuple(options.identity_files) + tuple(entry.get("identityfile", [])),
         proxy_jump=None if jump in (None, "none") else jump,
@@ -191,7 +191,7 @@ def open_client(target: Target, options: SshOptions, config: paramiko.SSHConfig)
             target.hostname,
             port=target.port,
             username=target.user,
-            key_filename=list(target.identity_files) or None,
+            key_filename=list(target.identity_files) or None,  # type: ignore[arg-type]  # a list works; stubs: str
             timeout=options.connect_timeout,
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,

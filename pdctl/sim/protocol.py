@@ -147,8 +147,9 @@ def full_body(p: Parsed, rid: str, model: str, output: list[int], kv: dict[str, 
     base = {"id": rid, "object": "chat.completion" if p.chat else "text_completion", "created": int(time.time()),
             "model": model}
     if p.chat:
-        message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-                   "function_call": None, "tool_calls": [], "reasoning": None}
+        message: dict[str, Any] = {
+            "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+            "function_call": None, "tool_calls": [], "reasoning": None}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": p.finish_reason,
                   "stop_reason": None, "token_ids": tids}
         extra = {"prompt_logprobs": None, "prompt_token_ids": pids}

@@ -25,7 +25,9 @@ def test_estimate_counts_requests_and_prices_them() -> None:
     slower = estimate(spec, legs=2, clients=1, engine="sim", speed=1.0, redeploy=True)
     parallel = estimate(spec, legs=2, clients=2, engine="sim", speed=1.0, redeploy=True)
     assert sim.seconds < slower.seconds and parallel.seconds < slower.seconds
-    assert sim.line(True).startswith("bench: 24 requests (2 leg(s) x 12, plus a short warm-up per leg); rough estimate ~")
+    assert sim.line(True).startswith(
+        "bench: 24 requests (2 leg(s) x 12, plus a short warm-up per leg); rough estimate ~"
+    )
     assert sim.line(True).endswith("(simulated engines)")
 
 
