@@ -56,6 +56,13 @@ def test_refuses_to_overwrite_unless_forced(tmp_path: Path) -> None:
     assert target.read_text().startswith("# The seed deployment")
 
 
+def test_an_output_file_needs_an_example(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["init", "-o", str(tmp_path / "x.yaml")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == ["Error: -o/--force need --example NAME", "hint: `pdctl init` lists the examples"]
+    assert not (tmp_path / "x.yaml").exists()
+
+
 def test_unknown_example_suggests_the_nearest() -> None:
     result = CliRunner().invoke(app, ["init", "--example", "local-sin"])
     assert result.exit_code == 2, result.output
