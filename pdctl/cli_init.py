@@ -21,7 +21,7 @@ def init(
     ] = Path("pdctl.yaml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
-    """Write a shipped example topology to start from (`pdctl init --example local-sim`); no --example: list them."""
+    """Write a shipped topology to start from (--example NAME -o FILE); without --example, list them."""
     if name is None:
         if output != Path("pdctl.yaml") or force:
             call(lambda: _needs_example())

@@ -59,7 +59,10 @@ def test_refuses_to_overwrite_unless_forced(tmp_path: Path) -> None:
 def test_an_output_file_needs_an_example(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["init", "-o", str(tmp_path / "x.yaml")])
     assert result.exit_code == 2, result.output
-    assert result.stderr.splitlines() == ["Error: -o/--force need --example NAME", "hint: `pdctl init` lists the examples"]
+    assert result.stderr.splitlines() == [
+        "Error: -o/--force need --example NAME",
+        "hint: `pdctl init` lists the examples",
+    ]
     assert not (tmp_path / "x.yaml").exists()
 
 
