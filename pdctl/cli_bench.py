@@ -105,16 +105,13 @@ def bench(
         if api not in ("chat", "completions"):
             raise UsageError(f"--api {api!r} is not chat or completions", hint="pass --api chat or --api completions")
         api_kind: Api = "chat" if api == "chat" else "completions"
-        if profile not in PROFILES:
-            raise UsageError(f"--profile {profile!r} is not one of {', '.join(PROFILES)}",
-                             hint="pass --profile quick or --profile full")
-        base = PROFILES[profile]
         legs = parse_legs(leg)
         if no_redeploy and leg and (len(legs) > 1 or any(x.overrides for x in legs)):
             raise UsageError(
                 "--no-redeploy benches the running deployment as it is; --leg overrides need a redeploy",
                 hint="drop --no-redeploy, or pass at most one --leg NAME without overrides",
             )
+        base = _profile(profile)
         spec = WorkloadSpec(
             lengths=parse_lengths(lengths) if lengths is not None else base.lengths,
             conversations=conversations if conversations is not None else base.conversations,
@@ -159,6 +156,13 @@ def bench(
         if as_json_out:
             print_outcome(result, files, err)
         raise typer.Exit(1)
+
+
+def _profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}",
+                         hint="pass --profile quick or --profile full")
+    return PROFILES[name]
 
 
 def _estimate(opts: BenchOptions) -> str:

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from pdctl.cli_support import call
-from pdctl.errors import UsageError
 
 router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)
 
@@ -59,7 +58,7 @@ def serve(
     from pdctl.router.serve import api_key_from_env
     from pdctl.router.serve import serve as run
 
-    level = call(lambda: _log_level(log_level))
+    call(lambda: _check_log_level(log_level))
     config = call(lambda: RouterConfig(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
@@ -68,16 +67,17 @@ def serve(
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
         eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
     ))
-    run(config, host, port, level)
+    run(config, host, port, log_level.lower())
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _log_level(given: str) -> str:
+def _check_log_level(given: str) -> None:
+    from pdctl.errors import UsageError
+
     if given.lower() not in LOG_LEVELS:
         raise UsageError(f"--log-level {given!r} is not one of {', '.join(LOG_LEVELS)}", hint="e.g. --log-level info")
-    return given.lower()
 
 
 def register(app: typer.Typer) -> None:

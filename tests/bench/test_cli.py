@@ -33,11 +33,11 @@ def test_leg_syntax() -> None:
     [
         (["--lengths", "2k"], "--lengths '2k' is not a list of integers"),
         (["--api", "grpc"], "--api 'grpc' is not chat or completions"),
-        (["--profile", "huge"], "--profile 'huge' is not one of quick, full"),
         (["--turns", "0"], "--turns must be at least 1"),
         (["--leg", "bad name:x=1"], "bad leg name"),
         (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),
         (["--no-redeploy", "--leg", "a:model.block_size=64"], "--leg overrides need a redeploy"),
+        (["--profile", "huge"], "--profile 'huge' is not one of quick, full"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:
