@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from pdctl import __version__
 from pdctl.cli_support import DEBUG, TOPOLOGY_HELP, call, load_topology, out
 from pdctl.plan import plan as make_plan
 from pdctl.plan_view import plan_json, render_plan
 
+
+class _Root(TyperGroup):
+    """`--debug` works anywhere on the line: it is moved in front of the subcommand, where the callback reads it."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        if "--debug" in argv[:cut]:
+            argv = ["--debug", *(x for x in argv[:cut] if x != "--debug"), *argv[cut:]]
+        return super().main(argv, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+
+
 app = typer.Typer(
+    cls=_Root,
     help="Run prefill/decode disaggregated vLLM with bidirectional KV transfer, from one YAML topology.",
     no_args_is_help=True,
     add_completion=False,
@@ -35,7 +59,7 @@ def _version(asked: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (accepted anywhere on the line).")] = False,
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_version)
     ] = False,
@@ -66,7 +90,9 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
 # Each area registers its commands from its own module (one line each, keep alphabetical).
 # e.g.: from pdctl.cli_router import register as _register_router; _register_router(app)
 from pdctl.cli_bench import register as _register_bench; _register_bench(app)  # noqa: E402, E702, I001
+from pdctl.cli_demo import register as _register_demo; _register_demo(app)  # noqa: E402, E702, I001
 from pdctl.cli_doctor import register as _register_doctor; _register_doctor(app)  # noqa: E402, E702, I001
+from pdctl.cli_init import register as _register_init; _register_init(app)  # noqa: E402, E702, I001
 from pdctl.cli_lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
 from pdctl.cli_router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, cast
@@ -11,17 +12,37 @@ import typer
 from rich.console import Console
 
 from pdctl.bench import report
-from pdctl.bench.legs import parse_legs
-from pdctl.bench.render import RichProgress, as_json, print_outcome
+from pdctl.bench.estimate import estimate
+from pdctl.bench.legs import LegSpec, leg_topology, parse_legs
+from pdctl.bench.progress import make_progress
+from pdctl.bench.render import as_json, print_outcome
 from pdctl.bench.run import BenchOptions, run_bench
 from pdctl.bench.workload import DEFAULT_LENGTHS, Api, WorkloadSpec
 from pdctl.cli_support import TOPOLOGY_HELP, call, err, out, topology_path
 from pdctl.errors import UsageError
 
-DEFAULT_LENGTHS_TEXT = ",".join(map(str, DEFAULT_LENGTHS))
+
+@dataclass(frozen=True)
+class Profile:
+    """The workload of a --profile; explicit flags win. quick keeps the README's `pdctl bench -t
+    configs/local-sim.yaml` to a few minutes on the simulator; full is the seed's sweep (an hour or more)."""
+
+    lengths: tuple[int, ...]
+    conversations: int
+    turns: int
+    user_tokens: int
+    output_tokens: int
+    clients: int
 
 
-def _ints(text: str) -> tuple[int, ...]:
+PROFILES = {
+    "quick": Profile((2000, 8000, 16000, 24000), conversations=4, turns=5, user_tokens=150, output_tokens=64,
+                     clients=2),
+    "full": Profile(DEFAULT_LENGTHS, conversations=10, turns=10, user_tokens=150, output_tokens=300, clients=2),
+}
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
@@ -36,12 +57,22 @@ def _ints(text: str) -> tuple[int, ...]:
 def bench(
     topology: Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a topology key for every leg.")] = None,
-    lengths: Annotated[str, typer.Option(help="Tokens of history at turn 1, comma-separated.")] = DEFAULT_LENGTHS_TEXT,
-    conversations: Annotated[int, typer.Option(help="Conversations per length.")] = 10,
-    turns: Annotated[int, typer.Option(help="Turns per conversation.")] = 10,
-    user_tokens: Annotated[int, typer.Option(help="Tokens of each new user message.")] = 150,
-    output_tokens: Annotated[int, typer.Option(help="Output tokens per turn (ignore_eos).")] = 300,
-    clients: Annotated[int, typer.Option(help="Conversations played at once.")] = 2,
+    profile: Annotated[
+        str, typer.Option(help="Workload defaults: quick (minutes on the simulator) or full (the seed's sweep, "
+                          "7 lengths x 10 conversations x 10 turns); the flags below override it.")
+    ] = "quick",
+    lengths: Annotated[
+        str | None, typer.Option(help="Tokens of history at turn 1, comma-separated.", show_default=False)
+    ] = None,
+    conversations: Annotated[int | None, typer.Option(help="Conversations per length.", show_default=False)] = None,
+    turns: Annotated[int | None, typer.Option(help="Turns per conversation.", show_default=False)] = None,
+    user_tokens: Annotated[
+        int | None, typer.Option(help="Tokens of each new user message.", show_default=False)
+    ] = None,
+    output_tokens: Annotated[
+        int | None, typer.Option(help="Output tokens per turn (ignore_eos).", show_default=False)
+    ] = None,
+    clients: Annotated[int | None, typer.Option(help="Conversations played at once.", show_default=False)] = None,
     rate: Annotated[float, typer.Option(help="Requests/s per client, Poisson; 0: back to back.")] = 0.0,
     api: Annotated[str, typer.Option(help="chat (text), responses or messages (the same text conversations on the "
                                          "Responses / Anthropic Messages API), or completions (token ids, the "
@@ -87,25 +118,27 @@ def bench(
                 "--no-redeploy benches the running deployment as it is; --leg overrides need a redeploy",
                 hint="drop --no-redeploy, or pass at most one --leg NAME without overrides",
             )
+        base = _profile(profile)
         spec = WorkloadSpec(
-            lengths=_ints(lengths),
-            conversations=conversations,
-            turns=turns,
-            user_tokens=user_tokens,
-            output_tokens=output_tokens,
+            lengths=parse_lengths(lengths) if lengths is not None else base.lengths,
+            conversations=conversations if conversations is not None else base.conversations,
+            turns=turns if turns is not None else base.turns,
+            user_tokens=user_tokens if user_tokens is not None else base.user_tokens,
+            output_tokens=output_tokens if output_tokens is not None else base.output_tokens,
             api=api_kind,
             seed=seed,
             source=input_file,
         )
         if client not in ("auto", "local", "router-node"):
             raise UsageError(f"--client {client!r} is not auto, local or router-node", hint="pass --client local")
-        if clients < 1 or rate < 0:
+        players = clients if clients is not None else base.clients
+        if players < 1 or rate < 0:
             raise UsageError("--clients must be >= 1 and --rate >= 0")
         return BenchOptions(
             topology=topology_path(topology),
             workload=spec,
             legs=legs if not (no_redeploy and not leg) else [],
-            clients=clients,
+            clients=players,
             rate=rate,
             no_redeploy=no_redeploy,
             base_overrides=list(overrides or []),
@@ -119,7 +152,8 @@ def bench(
         from pdctl.bench.deploy import LifecycleDeployer
 
         deployer = LifecycleDeployer(console)
-    with RichProgress(console) as progress:
+    err.print(call(lambda: _estimate(opts)), highlight=False, markup=False)
+    with make_progress(console, opts.workload.turns) as progress:
         result = call(lambda: run_bench(opts, deployer, progress))
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = out_dir or Path("bench-out") / f"{result.topology}-{stamp}"
@@ -142,6 +176,20 @@ def bench_play(
     from pdctl.bench.remote_play import play_file as run_play
 
     call(lambda: run_play(play_file, out_file))
+
+
+def _profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}",
+                         hint="pass --profile quick or --profile full")
+    return PROFILES[name]
+
+
+def _estimate(opts: BenchOptions) -> str:
+    topo = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
+    legs = 1 if opts.no_redeploy else len(opts.legs)
+    guess = estimate(opts.workload, legs, opts.clients, topo.engine, topo.sim.speed, not opts.no_redeploy)
+    return guess.line(topo.engine == "sim")
 
 
 def register(app: typer.Typer) -> None:

@@ -78,6 +78,8 @@ def status(
     from pdctl.lifecycle.status_view import render_status
 
     def run() -> bool:
+        if watch is not None and not watch > 0:
+            raise UsageError(f"--watch {watch:g} is not a positive number of seconds", hint="e.g. --watch 2")
         topo = load_topology(topology, overrides)
         ssh = _ssh(accept_new_host_keys, ssh_config, known_hosts)
         while True:

@@ -71,6 +71,7 @@ def serve(
     from pdctl.router.serve import api_key_from_env, engine_key_from_file
     from pdctl.router.serve import serve as run
 
+    call(lambda: _check_log_level(log_level))
     config = call(lambda: RouterConfig(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
@@ -82,6 +83,16 @@ def serve(
         conversation_headers=tuple(h.lower() for h in conversation_header) if conversation_header else DEFAULT_HEADERS,
     ))
     run(config, host, port, log_level.lower())
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _check_log_level(given: str) -> None:
+    from pdctl.errors import UsageError
+
+    if given.lower() not in LOG_LEVELS:
+        raise UsageError(f"--log-level {given!r} is not one of {', '.join(LOG_LEVELS)}", hint="e.g. --log-level info")
 
 
 def register(app: typer.Typer) -> None:

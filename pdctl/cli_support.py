@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pdctl.errors import PdctlError, UsageError
+from pdctl.state import pdctl_home
 from pdctl.topology import Topology, load
 
 T = TypeVar("T")
@@ -22,7 +23,6 @@ T = TypeVar("T")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 DEBUG = {"on": False}
-DEBUG_LOG = Path(os.environ.get("PDCTL_DEBUG_LOG", "pdctl-debug.log"))
 
 TOPOLOGY_HELP = "Topology file; default $PDCTL_TOPOLOGY, then ./pdctl.yaml."
 
@@ -38,7 +38,7 @@ def topology_path(given: Path | None) -> Path:
         return default
     raise UsageError(
         "no topology given",
-        hint="pass -t FILE, set PDCTL_TOPOLOGY, or create ./pdctl.yaml (see configs/local-sim.yaml)",
+        hint="pass -t FILE, set PDCTL_TOPOLOGY, or create ./pdctl.yaml (`pdctl init --example local-sim`)",
     )
 
 
@@ -66,15 +66,31 @@ def reported() -> Iterator[None]:
     except Exception as exc:
         if DEBUG["on"]:
             raise
-        DEBUG_LOG.write_text(traceback.format_exc())
+        log = _write_debug_log(traceback.format_exc())
         frame = traceback.extract_tb(exc.__traceback__)[-1]
         err.print(
             f"[bold red]Internal error:[/] {type(exc).__name__}: {escape(str(exc))} "
             f"({Path(frame.filename).name}:{frame.lineno})",
             highlight=False,
         )
-        err.print(f"[dim]hint:[/] full traceback in {DEBUG_LOG}; rerun with --debug", highlight=False)
+        where = f"full traceback in {log}" if log else "the traceback could not be saved"
+        err.print(f"[dim]hint:[/] {escape(where)}; rerun with --debug", highlight=False)
         raise typer.Exit(1) from None
+
+
+def debug_log_path() -> Path:
+    """Where internal errors leave their traceback: the user's pdctl directory, never the current one."""
+    return Path(os.environ.get("PDCTL_DEBUG_LOG") or pdctl_home() / "pdctl-debug.log")
+
+
+def _write_debug_log(text: str) -> Path | None:
+    path = debug_log_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError:
+        return None
+    return path
 
 
 def call(fn: Callable[[], T]) -> T:

@@ -180,7 +180,8 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
         argv += ["--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}"]
     if model.enforce_eager:
         argv.append("--enforce-eager")
-    return argv + getattr(topo.extra_args, role)
+    extra: list[str] = getattr(topo.extra_args, role)
+    return argv + extra
 
 
 def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> list[str]:
@@ -194,7 +195,8 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
         argv.append("--no-enable-prefix-caching")
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
     argv += ["--speed", f"{topo.sim.speed:g}", *topo.sim.args]
-    return argv + getattr(topo.extra_args, role)
+    extra: list[str] = getattr(topo.extra_args, role)
+    return argv + extra
 
 
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:

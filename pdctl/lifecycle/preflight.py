@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pdctl.errors import LaunchError
-from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.base import Fact, gather, layout_for, layouts_from_env
 from pdctl.facts.gpu import Gpus, NvidiaSmi
 from pdctl.facts.host import ListeningPorts
 from pdctl.plan import ProcessSpec
@@ -27,7 +28,7 @@ def preflight(
     want_gpus = topo.engine == "vllm"
 
     def probe(node: str) -> tuple[list[int], Gpus | None]:
-        facts = [ListeningPorts(), *([NvidiaSmi()] if want_gpus else [])]
+        facts: list[Fact[Any]] = [ListeningPorts(), *([NvidiaSmi()] if want_gpus else [])]
         values = gather(hosts[node], facts, layout_for(layouts, node))
         return values[facts[0].key()], values[facts[1].key()] if want_gpus else None
 

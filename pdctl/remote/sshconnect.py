@@ -231,7 +231,7 @@ def open_client(target: Target, options: SshOptions, config: HostConfig) -> list
             target.hostname,
             port=target.port,
             username=target.user,
-            key_filename=list(target.identity_files) or None,
+            key_filename=list(target.identity_files) or None,  # type: ignore[arg-type]  # a list works; stubs: str
             timeout=options.connect_timeout,
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,

@@ -83,6 +83,7 @@ def parse_kv_config(text: str | None) -> KVConfig:
     bidirectional = bool(extra.get("bidirectional_kv_xfer", False))
     # Newest pull_scheduler: the threshold defaults to 64 with bidirectional, else 0, in both directions.
     threshold = extra.get("kv_recompute_threshold", 64 if bidirectional else 0)
+    lease: Any = extra.get("kv_lease_duration", raw.get("kv_lease_duration", 30))
     return KVConfig(
         connector=raw.get("kv_connector"),
         kv_role=raw.get("kv_role"),
@@ -90,7 +91,7 @@ def parse_kv_config(text: str | None) -> KVConfig:
         bidirectional=bidirectional,
         recompute_threshold=int(threshold),
         decoder_kv_blocks_ttl=float(extra.get("decoder_kv_blocks_ttl", 480)),
-        lease_duration=float(extra.get("kv_lease_duration", raw.get("kv_lease_duration", 30))),
+        lease_duration=float(lease),
         raw=raw,
     )
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 log = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.metrics")
 
@@ -57,7 +61,7 @@ class SimMetrics:
             metric.labels(**self._values)
         self.stats = TransferStats()
 
-    def lab(self, metric):  # type: ignore[no-untyped-def]
+    def lab(self, metric: M) -> M:
         return metric.labels(**self._values)
 
     def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:

@@ -149,13 +149,13 @@ def full_body(p: Parsed, rid: str, model: str, outputs: list[list[int]], kv: dic
     pids = p.prompt if p.return_token_ids else None
     base = {"id": rid, "object": "chat.completion" if p.chat else "text_completion", "created": int(time.time()),
             "model": model}
-    choices = []
+    choices: list[dict[str, Any]] = []
     for i, output in enumerate(outputs):
         text = decode(output)
         tids = output if p.return_token_ids else None
         if p.chat:
             calls = [p.tool.openai()] if p.tool else []
-            message = {"role": "assistant", "content": None if p.tool else text, "refusal": None,
+            message: dict[str, Any] = {"role": "assistant", "content": None if p.tool else text, "refusal": None,
                        "annotations": None, "audio": None, "function_call": None, "tool_calls": calls,
                        "reasoning": None}
             choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": p.finish_reason,

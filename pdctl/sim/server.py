@@ -88,9 +88,10 @@ class SimServer:
 
     async def models(self, _: Request) -> JSONResponse:
         now = int(time.time())
-        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
-                 "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
-                for name in self.served_names]
+        data: list[dict[str, Any]] = [
+            {"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
+             "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
+            for name in self.served_names]
         return JSONResponse({"object": "list", "data": data})
 
     async def metrics_page(self, _: Request) -> Response:

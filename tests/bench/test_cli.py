@@ -37,6 +37,7 @@ def test_leg_syntax() -> None:
         (["--leg", "bad name:x=1"], "bad leg name"),
         (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),
         (["--no-redeploy", "--leg", "a:model.block_size=64"], "--leg overrides need a redeploy"),
+        (["--profile", "huge"], "--profile 'huge' is not one of quick, full"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:

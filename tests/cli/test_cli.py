@@ -17,5 +17,6 @@ def test_version_needs_no_command() -> None:
 def test_every_command_explains_itself() -> None:
     result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    for command in ("validate", "plan", "doctor", "up", "status", "logs", "down", "bench", "router"):
+    for command in ("validate", "plan", "doctor", "up", "status", "logs", "down", "bench", "router", "init",
+                    "demo"):
         assert command in result.output, command
