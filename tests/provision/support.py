@@ -15,6 +15,7 @@ from pdctl.facts.base import HostLayout
 from pdctl.remote.base import Command, CommandResult
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import Topology
+from tests.support.venvs import system_site_env
 
 FAKEBIN = Path(__file__).parent / "fakebin"
 VLLM_FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.26.0"
@@ -42,7 +43,8 @@ def host_root(base: Path, name: str) -> tuple[Path, HostLayout]:
     for sub in ("fake", "home", "proc/sys/kernel/random"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "proc/sys/kernel/random/boot_id").write_text("00000000-0000-0000-0000-000000000001\n")
-    layout = HostLayout(root=str(root), path=(str(FAKEBIN),), env={"FAKE_HOST_ROOT": str(root)})
+    env = {"FAKE_HOST_ROOT": str(root), **system_site_env(root / "userbase")}
+    layout = HostLayout(root=str(root), path=(str(FAKEBIN),), env=env)
     return root, layout
 
 

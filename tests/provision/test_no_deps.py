@@ -5,6 +5,7 @@ the pins are checked afterwards."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,5 +119,5 @@ def test_existing_venv_without_system_site_packages_is_switched_on(tmp_path: Pat
     cfg = (venv / "pyvenv.cfg").read_text()
     assert cfg.count("include-system-site-packages") == 1 and "include-system-site-packages = true" in cfg
     seen = subprocess.run([str(venv / "bin/python"), "-c", "import rich; print(rich.__file__)"],
-                          capture_output=True, text=True, check=True).stdout
+                          capture_output=True, text=True, check=True, env={**os.environ, **layout.env}).stdout
     assert not seen.startswith(str(venv)), "rich comes from the system site-packages"
