@@ -126,6 +126,7 @@ def run_leg(
         overrides=list(spec.overrides),
         bidirectional=bidirectional(topo),
         simulated=topo.engine == "sim",
+        mode=topo.mode,
     )
     started = time.monotonic()
     client = ClientOptions(
@@ -177,10 +178,11 @@ def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress:
 
 def _calibrated(workload: WorkloadSpec, ep: Endpoints) -> WorkloadSpec:
     """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
-    if workload.api != "chat" or workload.tokens_per_word != 1.0 or not ep.prefill_urls:
+    engine = (ep.prefill_urls or ep.decode_urls)[:1]  # an aggregated leg has only its one engine
+    if workload.api != "chat" or workload.tokens_per_word != 1.0 or not engine:
         return workload
     sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)
-    ratio = probe.tokens_per_word(ep.prefill_urls[0], ep.model, sample)
+    ratio = probe.tokens_per_word(engine[0], ep.model, sample)
     return dataclasses.replace(workload, tokens_per_word=round(ratio, 4)) if ratio else workload
 
 

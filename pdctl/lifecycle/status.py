@@ -112,8 +112,8 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
     report.processes = [rows[s.name] for s in specs]
     for node, procs in live.items():
         report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
-    router = next(s for s in specs if s.role == "router")
-    report.router = router_stats(router.url)
+    router = next((s for s in specs if s.role == "router"), None)
+    report.router = router_stats(router.url) if router is not None else None
     return report
 
 
