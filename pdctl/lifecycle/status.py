@@ -64,6 +64,7 @@ class ProcessStatus:
     log_path: str
     metrics: EngineMetrics | None = None
     gpu_memory_mib: int | None = None
+    gpus: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +92,14 @@ class StatusReport:
     @property
     def healthy(self) -> bool:
         return bool(self.processes) and all(p.alive and p.health == "ok" for p in self.processes)
+
+    def shared_gpus(self) -> dict[tuple[str, int], list[ProcessStatus]]:
+        """(node, GPU id) -> the processes on it, for GPUs more than one process is given."""
+        on: dict[tuple[str, int], list[ProcessStatus]] = {}
+        for p in self.processes:
+            for gpu in p.gpus:
+                on.setdefault((p.node, gpu), []).append(p)
+        return {key: procs for key, procs in on.items() if len(procs) > 1}
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy}
@@ -133,7 +142,7 @@ def _process(
         name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
         pid=lead.pid if lead else None, unit=record.unit if record else None, alive=alive, health=verdict,
         uptime_s=uptime, log_path=spec.log_path, metrics=metrics,
-        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name),
+        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name), gpus=list(spec.gpus),
     )
 
 
