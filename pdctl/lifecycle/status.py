@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.errors import PdctlError
 from pdctl.nodes import launch
-from pdctl.plan import ProcessSpec, plan
+from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel, reachable
 from pdctl.remote.local import LocalTransport
@@ -66,6 +66,7 @@ class ProcessStatus:
     log_path: str
     metrics: EngineMetrics | None = None
     gpu_memory_mib: int | None = None
+    gpus: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +98,14 @@ class StatusReport:
         ok = all(p.alive and p.health == "ok" for p in self.processes)
         return bool(self.processes) and ok and not self.unreachable
 
+    def shared_gpus(self) -> dict[tuple[str, int], list[ProcessStatus]]:
+        """(node, GPU id) -> the processes on it, for GPUs more than one process is given."""
+        on: dict[tuple[str, int], list[ProcessStatus]] = {}
+        for p in self.processes:
+            for gpu in p.gpus:
+                on.setdefault((p.node, gpu), []).append(p)
+        return {key: procs for key, procs in on.items() if len(procs) > 1}
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy}
 
@@ -108,7 +117,7 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
     state = store.load()
     records = state.processes if state else {}
     report = StatusReport(topo.name, str(store.path) if state else None)
-    router = next(s for s in specs if s.role == "router")
+    router = next((s for s in specs if s.role == "router"), None)
     with reachable(topo.nodes, ssh) as (hosts, failed):
         report.unreachable = {n: e.message.splitlines()[0] for n, e in failed.items()}
         nodes = sorted({s.node for s in specs if s.node in hosts})
@@ -120,11 +129,14 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         report.processes = [rows[s.name] for s in specs]
         for node, procs in live.items():
             report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
-        if router.node in report.unreachable:
+        if router is None:
+            report.router = None  # mode: aggregated: clients talk to the engine itself
+        elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
         else:
             report.router = router_stats(hosts[router.node], router.url)
-        report.reach = reach_hint(topo, router, hosts.get(router.node))
+        entry_spec = router or entry(specs)
+        report.reach = reach_hint(topo, entry_spec, hosts.get(entry_spec.node))
     return report
 
 
@@ -171,7 +183,7 @@ def _process(
         name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
         pid=lead.pid if lead else None, unit=record.unit if record else None, alive=alive, health=verdict,
         uptime_s=uptime, log_path=spec.log_path, metrics=metrics,
-        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name),
+        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name), gpus=list(spec.gpus),
     )
 
 
