@@ -142,10 +142,19 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         if topo.hf_home:
             env["HF_HOME"] = topo.hf_home
     env.update(getattr(topo.env, role))
+    secret_env: dict[str, str] = {}
+    if aggregated:
+        # The one engine is where clients connect, so it takes the clients' key (router.api_key_env), not the
+        # deployment's engine key, which only the router and pdctl hold.
+        client_key_env = topo.router.api_key_env
+        router_env = {**topo.env.all, **topo.env.router}
+        if client_key_env and router_env.get(client_key_env):
+            env[ENGINE_KEY_VAR] = router_env[client_key_env]
+    else:
+        # VLLM_API_KEY, not --api-key: argv is visible to every user of the node and is part of the plan.
+        secret_env[ENGINE_KEY_VAR] = engine_key_path(topo, node.name)
     marked = mark(env, secret_names(topo))
     argv = _vllm_argv(topo, role, inst) if topo.engine == "vllm" else _sim_argv(topo, role, inst, self_python)
-    # VLLM_API_KEY, not --api-key: argv is visible to every user of the node and is part of the plan.
-    secret_env = {ENGINE_KEY_VAR: engine_key_path(topo, node.name)}
     side = tuple(inst.side_channel_port + r for r in range(inst.data_parallel_size))
     url = f"http://{node.address}:{inst.port}"
     return ProcessSpec(
