@@ -56,6 +56,8 @@ class SimConfig:
     fail_kv_reads: int = 0
     die_after: int = 0
     extra_latency_ms: float = 0.0
+    step_model: str | None = None
+    max_num_batched_tokens: int | None = None
     stream_kv_params: bool = True
     api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
@@ -118,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fail-kv-reads", type=int, default=0, help="fault: fail the next N KV reads this engine starts")
     s.add_argument("--die-after", type=int, default=0, help="fault: exit after serving N generation requests")
     s.add_argument("--extra-latency-ms", type=float, default=0.0, help="fault: add this to every request")
+    s.add_argument("--step-model", choices=["h200-graphs", "h200-eager"], default=None,
+                   help="schedule steps as vLLM does (continuous batching, chunked prefill) with this calibration; "
+                   "default: the per-request model")
+    s.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the step model's token budget per step (default: the profile's, vLLM's 8192)")
     s.add_argument("--api-key", default=None, help="require this Bearer token on /v1 routes (or VLLM_API_KEY)")
     s.add_argument("--stream-kv-params", action=argparse.BooleanOptionalAction, default=True,
                    help="put kv_transfer_params in a stream's final chunk; --no-stream-kv-params: as vLLM < 0.33 "
@@ -135,6 +142,8 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         (args.block_size > 0, "--block-size must be positive"),
         (args.num_gpu_blocks > 0, "--num-gpu-blocks must be positive"),
         (args.speed > 0 and not math.isnan(args.speed), "--speed must be > 0 (inf for no delays)"),
+        (args.max_num_batched_tokens is None or args.max_num_batched_tokens > 0,
+         "--max-num-batched-tokens must be positive"),
         (args.fail_kv_reads >= 0 and args.die_after >= 0, "--fail-kv-reads and --die-after must be >= 0"),
     ]
     for ok, message in checks:
@@ -165,6 +174,8 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         fail_kv_reads=args.fail_kv_reads,
         die_after=args.die_after,
         extra_latency_ms=args.extra_latency_ms,
+        step_model=args.step_model,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         stream_kv_params=args.stream_kv_params,
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),

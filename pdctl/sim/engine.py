@@ -15,11 +15,12 @@ from typing import Any
 
 import httpx
 
-from pdctl.sim import timing
+from pdctl.sim import steps, timing
 from pdctl.sim.blocks import BlockPool, PoolExhausted
 from pdctl.sim.config import SimConfig
 from pdctl.sim.kv import KVReader, KVStore, ReadFailed, block_group, is_handle
 from pdctl.sim.metrics import SimMetrics
+from pdctl.sim.scheduler import StepLoop, Ticket
 from pdctl.sim.tokenizer import generate
 
 log = logging.getLogger("pdctl.sim.engine")
@@ -53,19 +54,28 @@ class Run:
     is_p: bool
     is_d: bool
     pacer: timing.Pacer
+    ticket: Ticket | None = None  # the request's place in the step loop, with --step-model
     closed: bool = field(default=False)
 
     async def tokens(self) -> AsyncIterator[int]:
         for i, token in enumerate(self.output):
             if i:
-                await self.pacer.wait_ms(timing.TPOT_MS)
+                if self.ticket is not None:
+                    await self.ticket.next()
+                else:
+                    await self.pacer.wait_ms(timing.TPOT_MS)
             yield token
+
+    def _leave_batch(self) -> None:
+        if self.ticket is not None and self.engine.steps is not None:
+            self.engine.steps.drop(self.ticket)
 
     def finish(self) -> dict[str, Any] | None:
         """The request completed: keep its blocks for the peer where the connector would, else free them."""
         if self.closed:
             return None
         self.closed = True
+        self._leave_batch()
         eng = self.engine
         eng.metrics.lab(eng.metrics.generation_tokens).inc(len(self.output))
         params = None
@@ -83,6 +93,7 @@ class Run:
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
+            self._leave_batch()
             self.engine.pool.free_blocks(self.block_ids)
             self.engine.release_slot()
 
@@ -98,6 +109,9 @@ class Engine:
         self.compute_lock = asyncio.Lock()
         self.running = 0
         self.waiting = 0
+        costs = steps.PROFILES.get(cfg.step_model or "")
+        self.steps = (StepLoop(costs, cfg.max_num_seqs, cfg.speed, cfg.max_num_batched_tokens)
+                      if costs is not None and timing.time_scale(cfg.speed) else None)
 
     def gauges(self) -> None:
         m = self.metrics
@@ -173,6 +187,16 @@ class Engine:
         if pool.prefix_caching:
             self.metrics.lab(self.metrics.cache_queries).inc(n)
             self.metrics.lab(self.metrics.cache_hits).inc(hit)
+        if self.steps is not None:
+            await pacer.wait_ms(self.steps.costs.request_ms + read_ms + cfg.extra_latency_ms)
+            ticket = self.steps.submit(req.request_id, n - hit - pulled, hit + pulled, len(output))
+            try:
+                await ticket.next()
+            except BaseException:
+                self.steps.drop(ticket)
+                pool.free_blocks(ids)
+                raise
+            return Run(self, req, output, ids, len(seq), is_p, is_d, pacer, ticket)
         overhead = timing.DECODE_OVERHEAD_MS if is_d else timing.PREFILL_OVERHEAD_MS
         await pacer.wait_ms(overhead + read_ms + cfg.extra_latency_ms)
         compute_ms = timing.prefill_compute_ms(n - hit - pulled, hit + pulled)
