@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 
 from pdctl.bench import report
+from pdctl.bench.agent import AgentSpec, Range
+from pdctl.bench.capacity import CapacityOptions, Slo, parse_sweep
 from pdctl.bench.estimate import estimate
 from pdctl.bench.legs import LegSpec, leg_topology, parse_legs
 from pdctl.bench.progress import make_progress
@@ -58,8 +60,9 @@ def bench(
     topology: Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a topology key for every leg.")] = None,
     profile: Annotated[
-        str, typer.Option(help="Workload defaults: quick (minutes on the simulator) or full (the seed's sweep, "
-                          "7 lengths x 10 conversations x 10 turns); the flags below override it.")
+        str, typer.Option(help="Workload defaults: quick (minutes on the simulator), full (the seed's sweep, "
+                          "7 lengths x 10 conversations x 10 turns) or agent (agent sessions for --sweep/--slo); "
+                          "the flags below override it.")
     ] = "quick",
     lengths: Annotated[
         str | None, typer.Option(help="Tokens of history at turn 1, comma-separated.", show_default=False)
@@ -98,6 +101,22 @@ def bench(
         str, typer.Option("--client", help="Where the load player runs: auto (on the router's node when it is "
                           "remote, else here), local (here, through the SSH connection) or router-node.")
     ] = "auto",
+    sweep: Annotated[
+        str | None, typer.Option(help="Capacity sweep of agent sessions per leg, e.g. sessions=1,2,4,8,16,32 "
+                                 "(implies --profile agent).", show_default=False)
+    ] = None,
+    slo: Annotated[
+        str | None, typer.Option(help="SLO in ms, e.g. ttft_p90=500,itl_p99=200: drawn on the goodput plot; "
+                                 "without --sweep, search each leg for the largest N within it.", show_default=False)
+    ] = None,
+    system_tokens: Annotated[int, typer.Option(help="Agent profile: shared system prompt + tool schema tokens.")
+                             ] = 6000,
+    tool_tokens: Annotated[str, typer.Option(help="Agent profile: tool result tokens per turn, N or LOW-HIGH.")
+                           ] = "200-2000",
+    think_s: Annotated[str, typer.Option(help="Agent profile: seconds between a reply and the next turn, N or "
+                                         "LOW-HIGH (divided by sim.speed on the simulator).")] = "0.5-3",
+    arrival_rate: Annotated[float, typer.Option(help="Agent profile: sessions arriving per second (Poisson, "
+                                                "times sim.speed on the simulator); 0: all at once.")] = 1.0,
 ) -> None:
     """Multi-turn TTFT sweep, one leg per set of overrides (default: bidirectional KV transfer off, then on).
 
@@ -118,7 +137,18 @@ def bench(
                 "--no-redeploy benches the running deployment as it is; --leg overrides need a redeploy",
                 hint="drop --no-redeploy, or pass at most one --leg NAME without overrides",
             )
-        base = _profile(profile)
+        cap = None
+        if sweep is not None or slo is not None or profile == "agent":
+            cap = CapacityOptions(
+                AgentSpec(sessions=1, turns=turns or 6, system_tokens=system_tokens,
+                          tool_tokens=Range.parse(tool_tokens, "--tool-tokens"),
+                          output_tokens=output_tokens or 200, think_s=Range.parse(think_s, "--think-s"),
+                          arrival_rate=arrival_rate, seed=seed),
+                sessions=parse_sweep(sweep) if sweep else (), slo=Slo.parse(slo) if slo else Slo())
+            api_kind, profile_name = "completions", "quick"
+        else:
+            profile_name = profile
+        base = _profile(profile_name)
         spec = WorkloadSpec(
             lengths=parse_lengths(lengths) if lengths is not None else base.lengths,
             conversations=conversations if conversations is not None else base.conversations,
@@ -144,6 +174,7 @@ def bench(
             base_overrides=list(overrides or []),
             warmup=not no_warmup,
             client=client,  # type: ignore[arg-type]
+            capacity=cap,
         )
 
     opts = call(prepare)
@@ -188,6 +219,10 @@ def _profile(name: str) -> Profile:
 def _estimate(opts: BenchOptions) -> str:
     topo = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
     legs = 1 if opts.no_redeploy else len(opts.legs)
+    if opts.capacity is not None:
+        points = len(opts.capacity.sessions) or "a search over"
+        return (f"capacity run: {legs} leg(s) x {points} session counts, {opts.capacity.agent.turns} turns per "
+                "session; no time estimate (it depends on where the SLO breaks)")
     guess = estimate(opts.workload, legs, opts.clients, topo.engine, topo.sim.speed, not opts.no_redeploy)
     return guess.line(topo.engine == "sim")
 

@@ -1,19 +1,23 @@
-"""The two pictures of a bench: warm-turn TTFT against prompt length (one line per leg), and the prefill duration
-of each length as paired bars, legs with bidirectional transfer split into KV transfer and compute.
+"""The pictures of a bench: warm-turn TTFT against prompt length (one line per leg), the prefill duration of
+each length as paired bars, legs with bidirectional transfer split into KV transfer and compute, and for a
+capacity run the goodput plot (sessions against TTFT and inter-token gap, the SLO drawn).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from pdctl.bench.capacity import Point, Slo
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, lengths_of, warm_mean
 
 TTFT_PNG = "ttft_vs_length.png"
 PREFILL_PNG = "prefill_split.png"
+GOODPUT_PNG = "goodput.png"
 
 
 def _pyplot() -> ModuleType:
@@ -108,6 +112,33 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
     ax.set_title(f"Prefill duration per length — {label(result)}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> None:
+    """Sessions against warm-turn TTFT p50/p90 and the p99 inter-token gap, one colour per leg, the SLO drawn."""
+    plt = _pyplot()
+    fig, (ax_t, ax_i) = plt.subplots(1, 2, figsize=(12, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, leg in enumerate(dict.fromkeys(p.leg for p in points)):
+        mine = sorted((p for p in points if p.leg == leg), key=lambda p: p.sessions)
+        xs, color = [p.sessions for p in mine], colors[i % len(colors)]
+        ax_t.plot(xs, [p.ttft_p90 for p in mine], marker="o", color=color, label=f"{leg} p90")
+        ax_t.plot(xs, [p.ttft_p50 for p in mine], marker=".", linestyle="--", color=color, label=f"{leg} p50")
+        ax_i.plot(xs, [p.itl_p99 for p in mine], marker="o", color=color, label=leg)
+    for ax, limit, what in ((ax_t, slo.ttft_p90, "SLO p90"), (ax_i, slo.itl_p99, "SLO p99")):
+        if math.isfinite(limit):
+            ax.axhline(limit, color="black", linestyle=":", label=what)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent agent sessions")
+        ax.grid(True, alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    ax_t.set_ylabel("TTFT of warm turns (ms)")
+    ax_i.set_ylabel("p99 of each request's largest inter-token gap (ms)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -92,6 +92,7 @@ class LegResult:
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     mode: str = "disaggregated"  # aggregated: one engine serving whole requests, the baseline
+    capacity: list[dict[str, Any]] = field(default_factory=list)  # capacity points (pdctl.bench.capacity.Point)
 
     @property
     def passed(self) -> bool:
@@ -111,6 +112,7 @@ class LegResult:
             "kv_transfer_by_length": {str(k): asdict(v) for k, v in self.kv_by_length.items()},
             "router_stats": self.router_stats,
             "requests": len(self.records),
+            **({"capacity": self.capacity} if self.capacity else {}),
         }
 
 

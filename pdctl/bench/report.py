@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl.bench import plots
+from pdctl.bench import capacity, plots
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, percentile, ratios, reuse_counts, summarize
 
@@ -56,8 +56,34 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
     splits = plots.prefill_splits(result, rows)
     plots.plot_ttft(result, rows, files.ttft_png)
     plots.plot_prefill(result, splits, files.prefill_png)
-    files.report.write_text(markdown(result, rows, splits))
+    text = markdown(result, rows, splits)
+    points, slo = capacity_points(result)
+    if points:
+        plots.plot_goodput(points, slo, f"Agent sessions within the SLO — {plots.label(result)}",
+                           out / plots.GOODPUT_PNG)
+        text = _with_capacity(text, points, slo, result)
+    files.report.write_text(text)
     return files
+
+
+def capacity_points(result: BenchResult) -> tuple[list[capacity.Point], capacity.Slo]:
+    raw = result.workload.get("slo")
+    slo = capacity.Slo(**raw) if isinstance(raw, dict) else capacity.Slo()
+    points = [capacity.Point(**p) for leg in result.legs for p in leg.capacity]
+    return points, slo
+
+
+def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, result: BenchResult) -> str:
+    """The capacity section goes first: in a capacity run the per-length tables below are per session count."""
+    head, _, rest = text.partition("\n\n")
+    agent = result.workload.get("agent") or {}
+    lines = [head, "", "## Capacity: agent sessions per leg" + (" (simulated)" if result.simulated else ""), "",
+             f"Workload: {', '.join(f'{k}={v}' for k, v in agent.items())}. TTFT over warm turns (turn >= 2); the "
+             "inter-token figure is the p99 over requests of each request's largest gap between two chunks. "
+             "In the tables further down, `length` is the point's number of sessions.", ""]
+    lines += capacity.table(points, slo)
+    lines += ["", f"![Goodput: sessions vs TTFT and inter-token gap]({plots.GOODPUT_PNG})", ""]
+    return "\n".join(lines) + "\n" + rest
 
 
 def _write_csv(rows: list[SummaryRow], path: Path) -> None:

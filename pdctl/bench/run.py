@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pdctl.bench import guards, probe
+from pdctl.bench import capacity, guards, probe
+from pdctl.bench.agent import play_sessions
 from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
@@ -63,6 +64,7 @@ class BenchOptions:
     api_key: str | None = None
     ssh: SshOptions | None = None
     client: ClientWhere = "auto"
+    capacity: capacity.CapacityOptions | None = None
 
 
 def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress) -> BenchResult:
@@ -168,6 +170,8 @@ def run_leg(
         api_key=opts.api_key or (os.environ.get(topo.router.api_key_env) if topo.router.api_key_env else None),
         seed=workload.seed,
     )
+    if opts.capacity is not None:
+        return _capacity_leg(spec, topo, ep, leg, client, opts.capacity, progress, hosts, started)
     plans = build(workload)
     player = _player(opts, topo, hosts)
     if opts.warmup and not _warm_up(spec.name, plans[0], client, progress, leg, player):
@@ -184,6 +188,29 @@ def run_leg(
         leg.kv = leg.kv + kv
     leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
     leg.failures = guards.check(leg)
+    leg.wall_s = time.monotonic() - started
+    return leg
+
+
+def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, client: ClientOptions,
+                  cap: capacity.CapacityOptions, progress: Progress, hosts: Hosts, started: float) -> LegResult:
+    """Agent sessions, N per point; each point's sessions are new (their own seed) but share the system prompt.
+    A simulator's --speed divides the arrival and think times, as it divides the engines' time."""
+    scale = topo.sim.speed if topo.engine == "sim" else 1.0
+    transport = hosts[ep.router_node].async_http()
+
+    def play_n(n: int) -> list[RequestRecord]:
+        agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
+        progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
+        records = asyncio.run(play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
+        for rec in records:
+            rec.length = n  # a capacity record's "length" is its point's session count
+        leg.records += records
+        return records
+
+    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap)]
+    leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
+    leg.failures = guards.check(leg, count_failed=False)
     leg.wall_s = time.monotonic() - started
     return leg
 
@@ -238,6 +265,18 @@ def _calibrated(workload: WorkloadSpec, ep: Endpoints, hosts: Hosts) -> Workload
 
 
 def _describe(w: WorkloadSpec, opts: BenchOptions) -> dict[str, object]:
+    cap = opts.capacity
+    if cap is not None:
+        a = cap.agent
+        slo = {k: getattr(cap.slo, k) for k in capacity.SLO_KEYS if getattr(cap.slo, k) != float("inf")}
+        return {
+            "profile": "agent", "api": a.api, "turns": a.turns, "system_tokens": a.system_tokens,
+            "agent": {"turns": a.turns, "system_tokens": a.system_tokens, "task_tokens": a.task_tokens,
+                      "tool_tokens": f"{a.tool_tokens.low:g}-{a.tool_tokens.high:g}",
+                      "output_tokens": a.output_tokens, "think_s": f"{a.think_s.low:g}-{a.think_s.high:g}",
+                      "arrival_rate": a.arrival_rate, "seed": a.seed},
+            "sessions": list(cap.sessions) or "search", "slo": slo,
+        }
     return {
         "api": w.api,
         "lengths": list(w.lengths),

@@ -1,0 +1,102 @@
+"""Capacity runs: the SLO arithmetic and search on their own, then a sweep and a search through `pdctl bench` on a
+tiny simulated deployment, with the goodput plot and the table in the report."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdctl.bench import capacity
+from pdctl.bench.capacity import Point, Slo
+from pdctl.bench.records import RequestRecord
+from pdctl.cli import app
+from pdctl.errors import UsageError
+
+SLO = Slo(ttft_p90=500, itl_p99=200)
+
+
+def fake_play(limit: int, calls: list[int]) -> capacity.Play:
+    """A deployment that holds `limit` sessions: warm TTFT 100 ms up to it, 1 s beyond."""
+
+    def play(n: int) -> list[RequestRecord]:
+        calls.append(n)
+        ttft = 100.0 if n <= limit else 1000.0
+        return [RequestRecord("x", n, f"s{i}", t, "completions", status=200, ttft_ms=ttft, itl_max_ms=50.0)
+                for i in range(n) for t in range(2)]
+    return play
+
+
+def test_slo_and_sweep_parsing() -> None:
+    assert Slo.parse("ttft_p90=500,itl_p99=200") == SLO
+    assert capacity.parse_sweep("sessions=8,1,2,2") == (1, 2, 8)
+    with pytest.raises(UsageError) as e:
+        Slo.parse("ttft_p95=3")
+    assert e.value.message == "--slo 'ttft_p95=3' is not KEY=MS with KEY one of ttft_p50, ttft_p90, itl_p99"
+    with pytest.raises(UsageError) as e:
+        capacity.parse_sweep("clients=1,2")
+    assert e.value.message == "--sweep 'clients=1,2' is not sessions=N,N,..."
+
+
+def test_a_point_is_over_warm_turns_and_failures_put_it_outside() -> None:
+    recs = [RequestRecord("x", 2, "a", 0, "completions", status=200, ttft_ms=5000.0, itl_max_ms=10.0),
+            RequestRecord("x", 2, "a", 1, "completions", status=200, ttft_ms=100.0, itl_max_ms=30.0),
+            RequestRecord("x", 2, "b", 1, "completions", status=200, ttft_ms=300.0, itl_max_ms=20.0)]
+    p = capacity.point("x", 2, recs)
+    assert (p.ttft_p50, p.ttft_p90, p.itl_max, p.failed) == (200.0, 280.0, 30.0, 0)
+    assert p.within(SLO)
+    failed = capacity.point("x", 2, [*recs, RequestRecord("x", 2, "c", 1, "completions", status=429)])
+    assert failed.failed == 1 and not failed.within(SLO)
+
+
+def test_search_doubles_then_bisects_to_the_largest_n_within() -> None:
+    calls: list[int] = []
+    points = capacity.search("x", fake_play(11, calls), SLO)
+    assert calls == [1, 2, 4, 8, 16, 12, 10, 11]
+    assert capacity.largest_within(points, SLO) == 11
+    lines = capacity.table(points, SLO)
+    assert "| x | 11 |" in lines and lines[-3] == "| leg | sessions within SLO |"
+
+
+def test_largest_within_stops_at_the_first_point_outside() -> None:
+    pts = [Point("x", n, 1, 0, 1.0, ok, 1.0, 1.0) for n, ok in ((1, 100.0), (2, 900.0), (4, 100.0))]
+    assert capacity.largest_within(pts, SLO) == 1
+    assert capacity.largest_within([Point("x", 1, 1, 0, 1.0, math.nan, 1.0, 1.0)], Slo(ttft_p90=5)) == 0
+
+
+AGENT = ["--turns", "3", "--output-tokens", "4", "--system-tokens", "64", "--tool-tokens", "8-24",
+         "--think-s", "0.2-0.5", "--arrival-rate", "5"]
+
+
+@pytest.mark.slow
+def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    legs = ["--leg", "on:connector.bidirectional_kv_xfer=true", "--leg", "agg:mode=aggregated"]
+    args = ["bench", "-t", str(sim_topology), *AGENT, "--sweep", "sessions=1,3", "--slo", "ttft_p90=60000",
+            "--out", str(out), "--json", *legs]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "legs.json").read_text())
+    assert data["workload"]["profile"] == "agent" and data["workload"]["slo"] == {"ttft_p90": 60000.0}
+    on, agg = data["legs"]
+    assert [p["sessions"] for p in on["capacity"]] == [1, 3] == [p["sessions"] for p in agg["capacity"]]
+    assert all(p["requests"] == 3 * p["sessions"] and p["failed"] == 0 for p in on["capacity"] + agg["capacity"])
+    records = json.loads((out / "requests.json").read_text())
+    assert {r["reuse"] for r in records if r["leg"] == "on" and r["turn"] >= 1} == {"hit"}
+    # sessions share the system prompt and each turn's prompt extends the last
+    assert len({r["conversation_id"] for r in records if r["leg"] == "agg"}) == 4
+    report = (out / "report.md").read_text()
+    assert "## Capacity: agent sessions per leg (simulated)" in report
+    assert "| on | 3 |" in report and "| agg | 3 |" in report  # the largest N within the SLO per leg
+    assert (out / "goodput.png").stat().st_size > 0
+
+    searched = tmp_path / "search"
+    result = CliRunner().invoke(app, ["bench", "-t", str(sim_topology), *AGENT, "--slo", "ttft_p90=0.001",
+                                      "--out", str(searched), "--json", "--leg", "agg:mode=aggregated"])
+    assert result.exit_code == 0, result.output
+    (agg,) = json.loads((searched / "legs.json").read_text())["legs"]
+    assert [p["sessions"] for p in agg["capacity"]] == [1]  # outside already at one session: nothing within
+    assert "| agg | 0 |" in (searched / "report.md").read_text()
