@@ -2,7 +2,8 @@
 
 A point's TTFT is over its warm turns (turn >= 1); its inter-token figure is the p99 over requests of each
 request's largest gap between two streamed chunks (stricter than the p99 of all gaps: a stall counts whole).
-A point with any failed request is outside every SLO.
+A point with any failed request is outside every SLO. On the simulator the points are in modelled time: wall
+time times sim.speed (the records themselves keep wall time, as every bench record does).
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ class Point:
         return {k: (round(v, 2) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
-def point(leg: str, sessions: int, records: Sequence[RequestRecord]) -> Point:
+def point(leg: str, sessions: int, records: Sequence[RequestRecord], time_scale: float = 1.0) -> Point:
+    """`time_scale` turns wall time back into modelled time (a simulator's --speed)."""
     ok = [r for r in records if r.ok]
-    warm = [r.ttft_ms for r in ok if r.turn >= 1 and r.ttft_ms is not None]
-    gaps = [r.itl_max_ms for r in ok if r.itl_max_ms is not None]
+    warm = [r.ttft_ms * time_scale for r in ok if r.turn >= 1 and r.ttft_ms is not None]
+    gaps = [r.itl_max_ms * time_scale for r in ok if r.itl_max_ms is not None]
     return Point(leg, sessions, len(records), len(records) - len(ok), percentile(warm, 50), percentile(warm, 90),
                  percentile(gaps, 99), max(gaps, default=math.nan))
 
@@ -109,22 +111,24 @@ Play = Callable[[int], Sequence[RequestRecord]]
 """Plays N sessions against the leg's deployment and returns their records."""
 
 
-def sweep(leg: str, play: Play, sessions: Sequence[int]) -> list[Point]:
-    return [point(leg, n, play(n)) for n in sessions]
+def sweep(leg: str, play: Play, sessions: Sequence[int], time_scale: float = 1.0) -> list[Point]:
+    return [point(leg, n, play(n), time_scale) for n in sessions]
 
 
-def measure(leg: str, play: Play, opts: CapacityOptions) -> list[Point]:
+def measure(leg: str, play: Play, opts: CapacityOptions, time_scale: float = 1.0) -> list[Point]:
     """The sweep when session counts are given, else the search."""
-    return sweep(leg, play, opts.sessions) if opts.sessions else search(leg, play, opts.slo, opts.limit)
+    if opts.sessions:
+        return sweep(leg, play, opts.sessions, time_scale)
+    return search(leg, play, opts.slo, opts.limit, time_scale)
 
 
-def search(leg: str, play: Play, slo: Slo, limit: int = SEARCH_LIMIT) -> list[Point]:
+def search(leg: str, play: Play, slo: Slo, limit: int = SEARCH_LIMIT, time_scale: float = 1.0) -> list[Point]:
     """Double N while the SLO holds, then bisect between the last N within it and the first outside."""
     points: dict[int, Point] = {}
 
     def probe(n: int) -> bool:
         if n not in points:
-            points[n] = point(leg, n, play(n))
+            points[n] = point(leg, n, play(n), time_scale)
         return points[n].within(slo)
 
     good, bad, n = 0, 0, 1

@@ -80,7 +80,9 @@ def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, r
     lines = [head, "", "## Capacity: agent sessions per leg" + (" (simulated)" if result.simulated else ""), "",
              f"Workload: {', '.join(f'{k}={v}' for k, v in agent.items())}. TTFT over warm turns (turn >= 2); the "
              "inter-token figure is the p99 over requests of each request's largest gap between two chunks. "
-             "In the tables further down, `length` is the point's number of sessions.", ""]
+             "In the tables further down, `length` is the point's number of sessions"
+             + (" and times are wall clock; in this table they are modelled (wall x sim.speed)." if result.simulated
+                else "."), ""]
     lines += capacity.table(points, slo)
     lines += ["", f"![Goodput: sessions vs TTFT and inter-token gap]({plots.GOODPUT_PNG})", ""]
     return "\n".join(lines) + "\n" + rest

@@ -208,7 +208,7 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
         leg.records += records
         return records
 
-    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap)]
+    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap, scale)]
     leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
     leg.failures = guards.check(leg, count_failed=False)
     leg.wall_s = time.monotonic() - started

@@ -248,7 +248,7 @@ class Engine:
         read_ms = timing.kv_read_ms(nbytes, descriptors)
         scale = timing.time_scale(cfg.speed)
         self.metrics.record_transfer(read_ms * scale / 1e3, timing.READ_POST_MS * scale / 1e3, nbytes, descriptors)
-        if d2p:
+        if d2p and self.steps is None:  # the step loop models the wait for a step boundary itself
             read_ms += timing.READBACK_WAIT_MS
         pulled = [t for block in content for t in block][:count]
         expected = req.prompt[hit:limit]

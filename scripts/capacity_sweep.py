@@ -1,0 +1,107 @@
+"""Capacity sweeps on the simulator (numbers printed, not a test): agent sessions per leg on a simulated 1P1D and
+2P2D, engines on the step model calibrated to H200s with CUDA graphs, block 256 (pdctl's GPU defaults).
+
+Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation: warm turns of at most
+--local-tokens new tokens run on the decode alone), agg (one aggregated engine with prefix caching: one GPU, so
+its capacity per GPU is compared as well). Writes each topology's `pdctl bench` output under --out and prints
+the largest number of sessions within the SLO per leg. The machine's cores are shared: numbers are noisy.
+
+    python scripts/capacity_sweep.py                                   # about 10 minutes
+    python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pdctl.bench import capacity
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def topology(shape: str, speed: float, work: Path) -> dict[str, Any]:
+    """configs/local-sim.yaml on free ports, with `shape` (1p1d / 2p2d) instances and the step model."""
+    data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
+    n = int(shape[0])
+    data["name"] = f"capacity-{shape}"
+    data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port(),
+                        "prefix_caching": False} for _ in range(n)]
+    data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
+    data["router"] = {**data["router"], "port": free_port()}
+    data["model"] = {**data["model"], "block_size": 256}
+    data["sim"] = {"speed": speed, "num_blocks": 2500, "args": ["--step-model", "h200-graphs"]}
+    data["work_dir"] = str(work / "work")
+    return data
+
+
+def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
+    path = tmp / f"{shape}.yaml"
+    path.write_text(yaml.safe_dump(topology(shape, args.speed, tmp / shape)))
+    legs = ["off:connector.bidirectional_kv_xfer=false", "on:connector.bidirectional_kv_xfer=true",
+            f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
+            "agg:mode=aggregated"]
+    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
+           "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
+           "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
+           "--arrival-rate", str(args.arrival_rate), "--out", str(out / shape), "--json"]
+    for leg in legs:
+        cmd += ["--leg", leg]
+    print("$", " ".join(cmd[1:]).replace(str(path), f"<{shape} topology>"), flush=True)
+    env = {**os.environ, "PDCTL_HOME": str(tmp / shape / "home")}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    if not (out / shape / "legs.json").exists():
+        print(done.stdout[-3000:], done.stderr[-3000:])
+        raise SystemExit(f"pdctl bench on {shape} wrote no result (exit {done.returncode})")
+    (out / shape / f"{shape}.yaml").write_text(path.read_text())
+    meta = json.loads((out / shape / "legs.json").read_text())
+    return [capacity.Point(**p) for leg in meta["legs"] for p in leg.get("capacity", [])]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--topologies", default="1p1d,2p2d")
+    p.add_argument("--sessions", default="1,2,4,8,16,32")
+    p.add_argument("--slo", default="ttft_p90=500")
+    p.add_argument("--speed", type=float, default=10.0)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--output-tokens", type=int, default=200)
+    p.add_argument("--system-tokens", type=int, default=6000)
+    p.add_argument("--tool-tokens", default="200-2000")
+    p.add_argument("--think-s", default="0.5-3")
+    p.add_argument("--arrival-rate", type=float, default=2.0)
+    p.add_argument("--local-tokens", type=int, default=4096)
+    p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
+    args = p.parse_args()
+    slo = capacity.Slo.parse(args.slo)
+    with tempfile.TemporaryDirectory(prefix="capacity-") as tmp:
+        for shape in args.topologies.split(","):
+            points = run(shape, args, args.out, Path(tmp))
+            gpus = 2 * int(shape[0])
+            print(f"\n## {shape} (simulated, {gpus} GPUs for P/D legs, 1 for agg), SLO {slo.describe()}\n")
+            print("\n".join(capacity.table(points, slo)))
+            best = {leg: capacity.largest_within([q for q in points if q.leg == leg], slo)
+                    for leg in dict.fromkeys(q.leg for q in points)}
+            top = max((leg for leg in best if leg != "agg"), key=lambda leg: best[leg])
+            agg_same_gpus = best.get("agg", 0) * gpus  # one aggregated engine per GPU, sessions split perfectly
+            print(f"\nbest P/D leg: {top} with {best[top]} sessions; off {best.get('off', 0)}; "
+                  f"agg {best.get('agg', 0)} on 1 GPU, at most {agg_same_gpus} on {gpus} GPUs")
+            off = best.get("off", 0)
+            print(f"{top}/off = {best[top] / off:.2f}x" if off else f"{top}/off: off holds no session")
+            print(f"{top}/agg on {gpus} GPUs = {best[top] / agg_same_gpus:.2f}x" if agg_same_gpus else
+                  "agg holds no session")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
