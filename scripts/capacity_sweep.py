@@ -30,7 +30,7 @@ from tests.conftest import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def topology(shape: str, speed: float, work: Path) -> dict[str, Any]:
+def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[str, Any]:
     """configs/local-sim.yaml on free ports, with `shape` (1p1d / 2p2d) instances and the step model."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
     n = int(shape[0])
@@ -39,7 +39,7 @@ def topology(shape: str, speed: float, work: Path) -> dict[str, Any]:
                         "prefix_caching": False} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["router"] = {**data["router"], "port": free_port()}
-    data["model"] = {**data["model"], "block_size": 256}
+    data["model"] = {**data["model"], "block_size": 256, "max_num_seqs": max_num_seqs}
     data["sim"] = {"speed": speed, "num_blocks": 2500, "args": ["--step-model", "h200-graphs"]}
     data["work_dir"] = str(work / "work")
     return data
@@ -47,7 +47,7 @@ def topology(shape: str, speed: float, work: Path) -> dict[str, Any]:
 
 def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
     path = tmp / f"{shape}.yaml"
-    path.write_text(yaml.safe_dump(topology(shape, args.speed, tmp / shape)))
+    path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
     legs = ["off:connector.bidirectional_kv_xfer=false", "on:connector.bidirectional_kv_xfer=true",
             f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
             "agg:mode=aggregated"]
@@ -81,6 +81,7 @@ def main() -> int:
     p.add_argument("--think-s", default="0.5-3")
     p.add_argument("--arrival-rate", type=float, default=2.0)
     p.add_argument("--local-tokens", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)
