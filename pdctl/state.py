@@ -67,6 +67,8 @@ class DeploymentState:
     processes: dict[str, ProcessRecord] = field(default_factory=dict)
     router_url: str | None = None
     smoke: dict[str, Any] | None = None
+    slurm: dict[str, Any] | None = None
+    """`{"jobid": J, "submitted": bool}`: the Slurm job the deployment runs in, and whether `up` submitted it."""
     version: int = VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,183 @@
+"""up / status / bench / down of a sim deployment inside a real Slurm job: the holder job, the steps, the hosts'
+addresses, attach mode, a job that ends behind pdctl's back, and bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pdctl.cli import app
+from pdctl.remote.local import LocalTransport
+from tests.slurm.conftest import WriteTopo
+from tests.support.slurm import SlurmLab
+
+pytestmark = [pytest.mark.slow]
+
+runner = CliRunner()
+
+
+def _job_state(cluster: SlurmLab, jobid: str) -> str:
+    out = cluster.cmd("scontrol", "show", "job", "-o", jobid).stdout
+    return dict(w.split("=", 1) for w in out.split() if "=" in w).get("JobState", "")
+
+
+def _steps(cluster: SlurmLab, jobid: str) -> list[str]:
+    return cluster.cmd("squeue", "-h", "-s", "-j", jobid, "-o", "%j").stdout.split()
+
+
+def _job_named(cluster: SlurmLab, name: str) -> str:
+    return cluster.cmd("squeue", "-h", "--name", name, "-o", "%i").stdout.strip()
+
+
+def _hold(cluster: SlurmLab, nodes: int = 3, command: str = "sleep infinity") -> str:
+    res = cluster.cmd("sbatch", "--parsable", "-N", str(nodes), "--output", "/dev/null", "--wrap", command)
+    assert res.returncode == 0, res.stderr
+    jobid = res.stdout.strip()
+    for _ in range(100):
+        if _job_state(cluster, jobid) in ("RUNNING", "COMPLETED"):
+            return jobid
+        time.sleep(0.2)
+    raise AssertionError(f"job {jobid} did not start")
+
+
+def _wait_gone(cluster: SlurmLab, jobid: str) -> str:
+    for _ in range(100):
+        state = _job_state(cluster, jobid)
+        if state not in ("RUNNING", "COMPLETING", "PENDING"):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"job {jobid} still active")
+
+
+def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: WriteTopo, tmp_path: Path) -> None:
+    topo = write_topo("{partition: debug, time: \"30:00\"}")
+    name = topo.stem
+
+    up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision"])
+    assert up.exit_code == 0, up.output
+    assert f"slurm: sbatch --parsable --job-name pdctl-{name} --nodes 3 --partition debug --time 30:00 " \
+        "--exclusive --output /dev/null --wrap 'sleep infinity'" in up.stderr
+    assert "turn 2 hit" in up.stderr
+    jobid = _job_named(cluster, f"pdctl-{name}")
+    assert jobid and _job_state(cluster, jobid) == "RUNNING"
+    assert sorted(s for s in _steps(cluster, jobid) if s.startswith(f"pdctl-{name}-")) == [
+        f"pdctl-{name}-{p}" for p in ("decode-0", "prefill-0", "router")]
+
+    st = runner.invoke(app, ["status", "-t", str(topo), "--json"])
+    assert st.exit_code == 0, st.output
+    report = json.loads(st.stdout)
+    assert report["healthy"] is True
+    assert report["slurm"]["jobid"] == int(jobid) and report["slurm"]["state"] == "RUNNING"
+    assert report["slurm"]["submitted_by_pdctl"] is True and report["slurm"]["time_left"]
+    assert sorted(report["slurm"]["hosts"].values()) == ["h1", "h2", "h3"]
+    hosts = {p["name"]: p["host"] for p in report["processes"]}
+    assert sorted(hosts.values()) == sorted(h.address for h in cluster.lab.hosts)  # resolved on each host
+    assert report["router"]["hit"] >= 1
+
+    bench = runner.invoke(app, ["bench", "-t", str(topo), "--no-redeploy", "--lengths", "128", "--conversations",
+                                "1", "--turns", "2", "--user-tokens", "8", "--output-tokens", "2", "--clients", "1",
+                                "--no-warmup", "--client", "local", "--out", str(tmp_path / "bench"), "--json"])
+    assert bench.exit_code == 0, bench.output
+    assert json.loads(bench.stdout)["legs"][0]["hit_rate"] == 1.0
+
+    down = runner.invoke(app, ["down", "-t", str(topo)])
+    assert down.exit_code == 0, down.output
+    assert f"slurm: cancelled job {jobid}" in down.stderr
+    assert _wait_gone(cluster, jobid) == "CANCELLED"
+    assert cluster.cmd("squeue", "-h", "-j", jobid, "-t", "all").stdout.strip() == "" or \
+        "CANCELLED" in cluster.cmd("squeue", "-h", "-j", jobid, "-t", "all", "-o", "%T").stdout
+    assert _steps(cluster, jobid) == []
+    assert LocalTransport().find_by_marker(name) == []
+
+
+def test_attach_mode_leaves_the_users_job_running(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    jobid = _hold(cluster)
+    try:
+        topo = write_topo(f"{{jobid: {jobid}}}")
+        up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision", "--no-smoke-test"])
+        assert up.exit_code == 0, up.output
+        assert f"slurm: attached to job {jobid} RUNNING on h1, h2, h3" in up.stderr
+        assert "sbatch" not in up.stderr
+
+        down = runner.invoke(app, ["down", "-t", str(topo)])
+        assert down.exit_code == 0, down.output
+        assert f"slurm: job {jobid} is yours (slurm.jobid): left running" in down.stderr
+        assert _job_state(cluster, jobid) == "RUNNING"
+        assert [s for s in _steps(cluster, jobid) if s.startswith("pdctl-")] == []
+        assert LocalTransport().find_by_marker(topo.stem) == []
+    finally:
+        cluster.cmd("scancel", jobid)
+
+
+def test_a_job_cancelled_behind_pdctls_back(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    topo = write_topo("{}")
+    up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision", "--no-smoke-test"])
+    assert up.exit_code == 0, up.output
+    jobid = _job_named(cluster, f"pdctl-{topo.stem}")
+    assert cluster.cmd("scancel", jobid).returncode == 0
+    assert _wait_gone(cluster, jobid) == "CANCELLED"
+
+    st = runner.invoke(app, ["status", "-t", str(topo), "--json"])
+    assert st.exit_code == 1, st.output
+    report = json.loads(st.stdout)
+    assert report["healthy"] is False and report["slurm"]["state"] == "CANCELLED"
+    assert {p["health"] for p in report["processes"]} == {f"job {jobid} CANCELLED"}
+
+    down = runner.invoke(app, ["down", "-t", str(topo)])
+    assert down.exit_code == 0, down.output
+    assert f"slurm: job {jobid} is CANCELLED: it ended without pdctl (time limit, preemption or scancel), and " \
+        "its steps with it; nothing left to stop" in down.stderr
+    for _ in range(50):
+        if not LocalTransport().find_by_marker(topo.stem):
+            break
+        time.sleep(0.2)
+    assert LocalTransport().find_by_marker(topo.stem) == []
+    again = runner.invoke(app, ["status", "-t", str(topo), "--json"])
+    assert json.loads(again.stdout)["slurm"]["state"] == "NONE"
+
+
+def test_unknown_partition_is_refused_before_anything_is_submitted(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    topo = write_topo("{partition: debgu}")
+    up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision"])
+    assert up.exit_code == 2, up.output
+    assert "topology: slurm.partition: no partition `debgu` on this cluster (did you mean `debug`?)" in up.stderr
+    assert _job_named(cluster, f"pdctl-{topo.stem}") == ""
+
+
+def test_too_few_hosts(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    topo = write_topo("{nodes: 2}")
+    bad = runner.invoke(app, ["validate", "-t", str(topo)])
+    assert bad.exit_code == 2
+    line = topo.read_text().splitlines().index("slurm: {nodes: 2}") + 1
+    assert f"{topo}:{line}: slurm.nodes: 2 host(s) for 3 topology node(s) on distinct hosts (allocate at least 3, " \
+        "or put nodes on one host with the same slurm_node)" in bad.stderr
+
+    jobid = _hold(cluster, nodes=1)
+    try:
+        small = write_topo(f"{{jobid: {jobid}}}")
+        up = runner.invoke(app, ["up", "-t", str(small), "--skip-provision"])
+        assert up.exit_code == 1, up.output
+        assert f"Error: job {jobid} has 1 host(s) (h1) but the topology needs 3" in up.stderr
+        assert _job_state(cluster, jobid) == "RUNNING"  # the user's job: left alone
+        assert [s for s in _steps(cluster, jobid) if s.startswith("pdctl-")] == []
+    finally:
+        cluster.cmd("scancel", jobid)
+
+
+def test_jobid_that_does_not_exist_or_does_not_run(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    missing = write_topo("{jobid: 999999}")
+    up = runner.invoke(app, ["up", "-t", str(missing), "--skip-provision"])
+    assert up.exit_code == 2, up.output
+    assert "topology: slurm.jobid: no job 999999 on this cluster" in up.stderr
+
+    done = _hold(cluster, nodes=1, command="true")
+    assert _wait_gone(cluster, done) == "COMPLETED"
+    ended = write_topo(f"{{jobid: {done}}}")
+    up = runner.invoke(app, ["up", "-t", str(ended), "--skip-provision"])
+    assert up.exit_code == 1, up.output
+    assert f"Error: slurm.jobid: job {done} COMPLETED, not running" in up.stderr
+    assert cluster.cmd("squeue", "-h", "-o", "%j").stdout.count("pdctl-") == 0
