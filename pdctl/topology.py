@@ -92,7 +92,8 @@ class Slurm(Strict):
     @classmethod
     def _quoted_time(cls, value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
-            raise ValueError('quote the time, e.g. time: "04:00:00" (YAML reads an unquoted h:m:s as a number)')
+            raise ValueError('quote the time, e.g. time: "04:00:00" '
+                             "(YAML reads unquoted hours:minutes:seconds as a number)")
         return value
 
     def job_name_for(self, deployment: str) -> str:

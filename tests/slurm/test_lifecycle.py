@@ -4,6 +4,7 @@ addresses, attach mode, a job that ends behind pdctl's back, and bad input."""
 from __future__ import annotations
 
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -78,6 +79,11 @@ def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: 
     assert sorted(hosts.values()) == sorted(h.address for h in cluster.lab.hosts)  # resolved on each host
     assert report["router"]["hit"] >= 1
 
+    text = runner.invoke(app, ["status", "-t", str(topo)])
+    assert text.exit_code == 0, text.output
+    assert f"slurm: job {jobid} RUNNING, submitted by pdctl, time left " in text.stdout
+    assert ": p on h1, d on h2, r on h3" in text.stdout
+
     bench = runner.invoke(app, ["bench", "-t", str(topo), "--no-redeploy", "--lengths", "128", "--conversations",
                                 "1", "--turns", "2", "--user-tokens", "8", "--output-tokens", "2", "--clients", "1",
                                 "--no-warmup", "--client", "local", "--out", str(tmp_path / "bench"), "--json"])
@@ -103,6 +109,19 @@ def test_attach_mode_leaves_the_users_job_running(cluster: SlurmLab, write_topo:
         assert f"slurm: attached to job {jobid} RUNNING on h1, h2, h3" in up.stderr
         assert "sbatch" not in up.stderr
 
+        efa = ["--set", "engine=vllm", "--set", "connector.backend=LIBFABRIC", "--set", "efa.required=true",
+               "--set", "prefill[0].gpus=[0]", "--set", "decode[0].gpus=[0]"]
+        doc = runner.invoke(app, ["doctor", "-t", str(topo), *efa, "--json"])
+        assert doc.exit_code == 1, doc.output
+        checks = {h["node"]: {c["name"]: c for c in h["checks"]} for h in json.loads(doc.stdout)["hosts"]}
+        limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]  # srun hands the caller's limit to the step
+        memlock = checks["p"]["memlock in a step"]
+        if limit == resource.RLIM_INFINITY:
+            assert memlock["status"] == "ok" and memlock["value"] == "unlimited"
+        else:
+            assert memlock["status"] == "fail" and memlock["value"] == f"{limit // 1024} KiB"
+            assert "PropagateResourceLimitsExcept=MEMLOCK in slurm.conf" in memlock["fix"]
+
         down = runner.invoke(app, ["down", "-t", str(topo)])
         assert down.exit_code == 0, down.output
         assert f"slurm: job {jobid} is yours (slurm.jobid): left running" in down.stderr
@@ -126,6 +145,11 @@ def test_a_job_cancelled_behind_pdctls_back(cluster: SlurmLab, write_topo: Write
     report = json.loads(st.stdout)
     assert report["healthy"] is False and report["slurm"]["state"] == "CANCELLED"
     assert {p["health"] for p in report["processes"]} == {f"job {jobid} CANCELLED"}
+
+    text = runner.invoke(app, ["status", "-t", str(topo)])
+    assert text.exit_code == 1
+    assert f"slurm: job {jobid} CANCELLED, submitted by pdctl: nothing of {topo.stem} runs; `pdctl down` clears " \
+        "it, `pdctl up` starts it in a new job" in text.stdout
 
     down = runner.invoke(app, ["down", "-t", str(topo)])
     assert down.exit_code == 0, down.output
