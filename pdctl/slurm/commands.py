@@ -79,8 +79,8 @@ def plan_lines(topo: Topology, processes: list[tuple[str, str]]) -> list[str]:
     first = (f"attach to job {topo.slurm.jobid} (slurm.jobid): nothing is submitted" if topo.slurm.jobid
              else shlex.join(sbatch_argv(topo)))
     hosts = planned_hosts(topo)
-    steps = [f"{name}: {shlex.join(srun_argv(job, hosts[node], step_name(topo.name, name)))} sh -s  # runs the "
-             "line below" for name, node in processes]
+    steps = [f"{name}: {shlex.join(srun_argv(job, hosts[node], step_name(topo.name, name)))} sh -s  # stdin: "
+             f"{name}'s line below" for name, node in processes]
     return [first, *steps]
 
 
