@@ -95,7 +95,10 @@ def recorded_job(topo: Topology, store: StateStore | None) -> tuple[int | None, 
     rec = state.slurm if state else None
     if rec and isinstance(rec.get("jobid"), int):
         return int(rec["jobid"]), bool(rec.get("submitted"))
-    return None, False
+    from pdctl.slurm.jobs import by_name
+
+    # no record (a lost or moved state file): the holder job pdctl names after the deployment
+    return by_name(topo.slurm.job_name_for(topo.name)), True
 
 
 def attached_job(topo: Topology) -> JobInfo:

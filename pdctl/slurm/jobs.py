@@ -165,3 +165,10 @@ def cancel(target: str, *, wait: float = 30.0, jobid: int | None = None) -> None
             return
         time.sleep(0.2)
     raise SlurmError(f"job {jobid} still active {wait:g}s after scancel", hint=f"check `squeue -j {jobid}`")
+
+
+def by_name(name: str) -> int | None:
+    """The newest active job of this user named `name` (how a lost state file's job is found again)."""
+    res = slurm(["squeue", "-h", "--me", "--name", name, "-o", "%i"])
+    ids = [int(w) for w in res.stdout.split() if w.isdigit()] if res.returncode == 0 else []
+    return max(ids) if ids else None

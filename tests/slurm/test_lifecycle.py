@@ -54,8 +54,25 @@ def _wait_gone(cluster: SlurmLab, jobid: str) -> str:
     raise AssertionError(f"job {jobid} still active")
 
 
-def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: WriteTopo, tmp_path: Path) -> None:
-    topo = write_topo("{partition: debug, time: \"30:00\"}")
+SECRET = "hf-slurm-secret-4711"
+
+
+def _cmdlines_with(text: str) -> list[str]:
+    """Command lines of every process on this machine (login node and the namespaces' hosts) containing `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: WriteTopo, tmp_path: Path,
+                                                 pdctl_home: Path) -> None:
+    topo = write_topo("{partition: debug, time: \"30:00\"}", extra=f"env: {{all: {{HF_TOKEN: {SECRET}}}}}\n")
     name = topo.stem
 
     up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision"])
@@ -67,6 +84,19 @@ def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: 
     assert jobid and _job_state(cluster, jobid) == "RUNNING"
     assert sorted(s for s in _steps(cluster, jobid) if s.startswith(f"pdctl-{name}-")) == [
         f"pdctl-{name}-{p}" for p in ("decode-0", "prefill-0", "router")]
+
+    # the processes' environment went in on the steps' stdin: no srun argv on the login node shows a secret
+    assert _cmdlines_with(f"pdctl-{name}-router") and _cmdlines_with(SECRET) == []
+    assert SECRET not in (pdctl_home / "deployments" / f"{name}.json").read_text()
+
+    again = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision"])
+    assert again.exit_code == 0, again.output
+    assert "already running, no changes" in again.stdout and "sbatch" not in again.stderr
+    assert _job_named(cluster, f"pdctl-{name}") == jobid
+
+    logs = runner.invoke(app, ["logs", "-t", str(topo), "router", "-n", "200"])
+    assert logs.exit_code == 0, logs.output
+    assert f"in step {jobid}." in logs.stdout
 
     st = runner.invoke(app, ["status", "-t", str(topo), "--json"])
     assert st.exit_code == 0, st.output
@@ -98,6 +128,33 @@ def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: 
         "CANCELLED" in cluster.cmd("squeue", "-h", "-j", jobid, "-t", "all", "-o", "%T").stdout
     assert _steps(cluster, jobid) == []
     assert LocalTransport().find_by_marker(name) == []
+    assert _cmdlines_with(f"pdctl-{name}-") == []  # the steps' srun processes here ended with them
+
+
+def test_down_without_the_state_file_finds_the_job_by_name(cluster: SlurmLab, write_topo: WriteTopo,
+                                                           pdctl_home: Path) -> None:
+    topo = write_topo("{}")
+    up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision", "--no-smoke-test"])
+    assert up.exit_code == 0, up.output
+    jobid = _job_named(cluster, f"pdctl-{topo.stem}")
+    (pdctl_home / "deployments" / f"{topo.stem}.json").unlink()
+
+    down = runner.invoke(app, ["down", "-t", str(topo)])
+    assert down.exit_code == 0, down.output
+    assert f"slurm: cancelled job {jobid}" in down.stderr
+    assert _wait_gone(cluster, jobid) == "CANCELLED"
+    assert LocalTransport().find_by_marker(topo.stem) == []
+
+
+def test_a_launch_that_fails_cancels_the_job_it_submitted(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    topo = write_topo("{}")
+    up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision", "--set", "sim.args=['--speed','0']"])
+    assert up.exit_code == 1, up.output
+    assert "this `up` submitted it and started nothing" in up.stderr
+    jobid = up.stderr.split("slurm: job ", 1)[1].split()[0]
+    assert _wait_gone(cluster, jobid) == "CANCELLED"
+    assert _job_named(cluster, f"pdctl-{topo.stem}") == ""
+    assert LocalTransport().find_by_marker(topo.stem) == []
 
 
 def test_attach_mode_leaves_the_users_job_running(cluster: SlurmLab, write_topo: WriteTopo) -> None:
