@@ -189,6 +189,10 @@ def _slurm(topo: Topology) -> Iterator[Finding]:
             yield ("nodes", i, "slurm_node"), f"`{node.slurm_node}` is not in slurm.nodelist", hint
     if slurm.jobid is not None:
         return
+    if topo.engine == "vllm" and slurm.gres is None and slurm.gpus_per_node is None:
+        yield ("slurm",), "the job requests no GPUs, so its steps get none", (
+            "set slurm.gpus_per_node (or slurm.gres, e.g. gpu:8)"
+        )
     if slurm.nodes is not None and slurm.nodes < needed:
         yield ("slurm", "nodes"), f"{slurm.nodes} host(s) for {needed} topology node(s) on distinct hosts", (
             f"allocate at least {needed}, or put nodes on one host with the same slurm_node"

@@ -26,11 +26,11 @@ def write_topo(tmp_path: Path, pdctl_home: Path, cluster: SlurmLab) -> Iterator[
     """Write a sim topology with nodes p, d, r and the given `slurm:` block; jobs left by a test are cancelled."""
     names: list[str] = []
 
-    def write(slurm: str, extra: str = "", **kw: object) -> Path:
+    def write(slurm: str, extra: str = "", nodes: list[dict[str, object]] | None = None, **kw: object) -> Path:
         name = f"sl-{uuid.uuid4().hex[:8]}"
         names.append(name)
         path = tmp_path / f"{name}.yaml"
-        nodes = [{"name": n} for n in ("p", "d", "r")]
+        nodes = nodes or [{"name": n} for n in ("p", "d", "r")]
         text = topology_yaml(name, tmp_path / "work", nodes=nodes, placement=("p", "d", "r"),  # type: ignore[arg-type]
                              extra_yaml=f"slurm: {slurm}\n{extra}", **kw)
         path.write_text(text)

@@ -80,3 +80,15 @@ def test_slurm_node_needs_a_slurm_block(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert f"{path}:{_line(path, 'slurm_node')}: nodes[0].slurm_node: slurm_node without a `slurm:` block (add a " \
         "`slurm:` block or remove slurm_node)" in res.stderr
+
+
+def test_a_vllm_job_must_request_gpus(tmp_path: Path) -> None:
+    topo = _write(tmp_path, "{partition: gpu}")
+    res = runner.invoke(app, ["validate", "-t", str(topo), "--set", "engine=vllm", "--set", "prefill[0].gpus=[0]",
+                              "--set", "decode[0].gpus=[0]"])
+    assert res.exit_code == 2
+    assert f"{topo}:{_line(topo, 'slurm:')}: slurm: the job requests no GPUs, so its steps get none (set " \
+        "slurm.gpus_per_node (or slurm.gres, e.g. gpu:8))" in res.stderr
+    ok = runner.invoke(app, ["validate", "-t", str(topo), "--set", "engine=vllm", "--set", "prefill[0].gpus=[0]",
+                             "--set", "decode[0].gpus=[0]", "--set", "slurm.gpus_per_node=8"])
+    assert ok.exit_code == 0, ok.output

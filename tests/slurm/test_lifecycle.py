@@ -16,7 +16,7 @@ from pdctl.remote.local import LocalTransport
 from tests.slurm.conftest import WriteTopo
 from tests.support.slurm import SlurmLab
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh, pytest.mark.slow]
 
 runner = CliRunner()
 
@@ -160,11 +160,16 @@ def test_a_launch_that_fails_cancels_the_job_it_submitted(cluster: SlurmLab, wri
 def test_attach_mode_leaves_the_users_job_running(cluster: SlurmLab, write_topo: WriteTopo) -> None:
     jobid = _hold(cluster)
     try:
-        topo = write_topo(f"{{jobid: {jobid}}}")
+        # the router's node names its host; the others take the remaining hosts in order
+        nodes: list[dict[str, object]] = [{"name": "p"}, {"name": "d"}, {"name": "r", "slurm_node": "h1"}]
+        topo = write_topo(f"{{jobid: {jobid}}}", nodes=nodes)
         up = runner.invoke(app, ["up", "-t", str(topo), "--skip-provision", "--no-smoke-test"])
         assert up.exit_code == 0, up.output
         assert f"slurm: attached to job {jobid} RUNNING on h1, h2, h3" in up.stderr
         assert "sbatch" not in up.stderr
+        st = json.loads(runner.invoke(app, ["status", "-t", str(topo), "--json"]).stdout)
+        assert st["healthy"] is True and st["slurm"]["hosts"] == {"p": "h2", "d": "h3", "r": "h1"}
+        assert st["slurm"]["submitted_by_pdctl"] is False
 
         efa = ["--set", "engine=vllm", "--set", "connector.backend=LIBFABRIC", "--set", "efa.required=true",
                "--set", "prefill[0].gpus=[0]", "--set", "decode[0].gpus=[0]"]
