@@ -4,7 +4,11 @@ addresses, attach mode, a job that ends behind pdctl's back, and bad input."""
 from __future__ import annotations
 
 import json
+import queue
 import resource
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -129,6 +133,40 @@ def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: 
     assert _steps(cluster, jobid) == []
     assert LocalTransport().find_by_marker(name) == []
     assert _cmdlines_with(f"pdctl-{name}-") == []  # the steps' srun processes here ended with them
+
+
+def test_up_waits_for_a_pending_job_and_says_why(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    blocker = _hold(cluster)  # a job of someone else on every host: an exclusive holder must wait
+    topo = write_topo("{}")
+    proc = subprocess.Popen([sys.executable, "-m", "pdctl", "up", "-t", str(topo), "--skip-provision",
+                             "--no-smoke-test"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr],  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not any("PENDING (Resources)" in line for line in seen) and time.monotonic() < deadline:
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+        assert any(line.startswith("slurm: job ") and "PENDING (Resources)" in line for line in seen), seen
+        assert proc.poll() is None  # still waiting
+        cluster.cmd("scancel", blocker)
+        assert proc.wait(timeout=120) == 0
+        reader.join(timeout=10)
+        while not lines.empty():
+            seen.append(lines.get())
+        assert any("runs on h1, h2, h3" in line for line in seen), seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cluster.cmd("scancel", blocker)
+    down = runner.invoke(app, ["down", "-t", str(topo)])
+    assert down.exit_code == 0, down.output
 
 
 def test_down_without_the_state_file_finds_the_job_by_name(cluster: SlurmLab, write_topo: WriteTopo,
