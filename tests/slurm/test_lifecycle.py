@@ -120,9 +120,11 @@ def test_up_status_bench_down_in_a_submitted_job(cluster: SlurmLab, write_topo: 
 
     bench = runner.invoke(app, ["bench", "-t", str(topo), "--no-redeploy", "--lengths", "128", "--conversations",
                                 "1", "--turns", "2", "--user-tokens", "8", "--output-tokens", "2", "--clients", "1",
-                                "--no-warmup", "--client", "local", "--out", str(tmp_path / "bench"), "--json"])
+                                "--no-warmup", "--out", str(tmp_path / "bench"), "--json"])
     assert bench.exit_code == 0, bench.output
-    assert json.loads(bench.stdout)["legs"][0]["hit_rate"] == 1.0
+    result = json.loads(bench.stdout)
+    assert result["legs"][0]["hit_rate"] == 1.0
+    assert result["workload"]["client"] == "router node r"  # played in a step on the router's host
 
     down = runner.invoke(app, ["down", "-t", str(topo)])
     assert down.exit_code == 0, down.output
