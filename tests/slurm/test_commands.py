@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pdctl.cli import app
@@ -92,3 +93,14 @@ def test_a_vllm_job_must_request_gpus(tmp_path: Path) -> None:
     ok = runner.invoke(app, ["validate", "-t", str(topo), "--set", "engine=vllm", "--set", "prefill[0].gpus=[0]",
                              "--set", "decode[0].gpus=[0]", "--set", "slurm.gpus_per_node=8"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_a_machine_without_the_slurm_tools_is_told_where_to_run(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDCTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    res = runner.invoke(app, ["up", "-t", str(_write(tmp_path, "{}")), "--skip-provision"])
+    assert res.exit_code == 1, res.output
+    assert "Error: `squeue` is not installed on this machine" in res.stderr
+    assert "hint: run pdctl on a login node of the cluster: it needs sbatch, srun, squeue, scontrol, scancel and " \
+        "sinfo" in res.stderr

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.remote.local import LocalTransport
+from pdctl.state import DeploymentState, StateStore
 from tests.slurm.conftest import WriteTopo
 from tests.support.slurm import SlurmLab
 
@@ -264,6 +265,21 @@ def test_a_job_cancelled_behind_pdctls_back(cluster: SlurmLab, write_topo: Write
     assert LocalTransport().find_by_marker(topo.stem) == []
     again = runner.invoke(app, ["status", "-t", str(topo), "--json"])
     assert json.loads(again.stdout)["slurm"]["state"] == "NONE"
+
+
+def test_a_job_slurm_no_longer_knows(cluster: SlurmLab, write_topo: WriteTopo) -> None:
+    topo = write_topo("{}")
+    store = StateStore(topo.stem)
+    store.save(DeploymentState(name=topo.stem, slurm={"jobid": 999998, "submitted": True}))
+    st = runner.invoke(app, ["status", "-t", str(topo), "--json"])
+    assert st.exit_code == 1
+    assert json.loads(st.stdout)["slurm"] == {
+        "jobid": 999998, "state": "GONE", "reason": "Slurm no longer knows the job", "nodes": [], "time_left": "",
+        "submitted_by_pdctl": True, "hosts": {}}
+    down = runner.invoke(app, ["down", "-t", str(topo)])
+    assert down.exit_code == 0, down.output
+    assert "slurm: job 999998 is GONE (Slurm no longer knows the job): it ended without pdctl" in down.stderr
+    assert not store.path.exists()
 
 
 def test_unknown_partition_is_refused_before_anything_is_submitted(cluster: SlurmLab, write_topo: WriteTopo) -> None:
