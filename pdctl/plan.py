@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pdctl.secret import EnvValue, mark, shown
-from pdctl.topology import Instance, Role, Topology
+from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
 
 ProcessRole = Literal["prefill", "decode", "router"]
 MARKER = "PDCTL_DEPLOYMENT"
@@ -62,10 +62,20 @@ def engine_bind(topo: Topology, node: str) -> str:
 
 
 def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]:
-    """Every process of the deployment, in start order. `self_python` runs pdctl where python.venv is null."""
+    """Every process of the deployment, in start order. `self_python` runs pdctl where python.venv is null.
+
+    `mode: aggregated` is the one engine `aggregated-0` and no router: clients talk to the engine itself.
+    """
     specs = [_engine(topo, role, i, inst, self_python) for role, i, inst in topo.instances()]
+    if topo.mode == "aggregated":
+        return specs
     specs.append(_router(topo, specs, self_python))
     return specs
+
+
+def entry(specs: list[ProcessSpec]) -> ProcessSpec:
+    """The process clients talk to: the router, or the aggregated engine where there is none."""
+    return next((s for s in specs if s.role == "router"), specs[0])
 
 
 def run_dir(topo: Topology, node: str | None = None) -> str:
@@ -107,7 +117,8 @@ def kv_transfer_config(topo: Topology, role: Role, inst: Instance) -> dict[str, 
 
 def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str) -> ProcessSpec:
     node = topo.node(inst.node)
-    name = f"{role}-{i}"
+    aggregated = topo.mode == "aggregated"
+    name = "aggregated-0" if aggregated else f"{role}-{i}"
     env = {
         **topo.env.all,
         MARKER: topo.name,
@@ -123,15 +134,27 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
             env["FI_PROVIDER"] = "efa"
         else:
             env.setdefault("UCX_NET_DEVICES", "all")
+            if topo.shares_gpu(role, i):
+                for key, value in SHARED_GPU_UCX_ENV.items():
+                    env.setdefault(key, value)
         if topo.efa.required:
             env["NIXL_LOG_LEVEL"] = "DEBUG"
         if topo.hf_home:
             env["HF_HOME"] = topo.hf_home
     env.update(getattr(topo.env, role))
+    secret_env: dict[str, str] = {}
+    if aggregated:
+        # The one engine is where clients connect, so it takes the clients' key (router.api_key_env), not the
+        # deployment's engine key, which only the router and pdctl hold.
+        client_key_env = topo.router.api_key_env
+        router_env = {**topo.env.all, **topo.env.router}
+        if client_key_env and router_env.get(client_key_env):
+            env[ENGINE_KEY_VAR] = router_env[client_key_env]
+    else:
+        # VLLM_API_KEY, not --api-key: argv is visible to every user of the node and is part of the plan.
+        secret_env[ENGINE_KEY_VAR] = engine_key_path(topo, node.name)
     marked = mark(env, secret_names(topo))
     argv = _vllm_argv(topo, role, inst) if topo.engine == "vllm" else _sim_argv(topo, role, inst, self_python)
-    # VLLM_API_KEY, not --api-key: argv is visible to every user of the node and is part of the plan.
-    secret_env = {ENGINE_KEY_VAR: engine_key_path(topo, node.name)}
     side = tuple(inst.side_channel_port + r for r in range(inst.data_parallel_size))
     url = f"http://{node.address}:{inst.port}"
     return ProcessSpec(
@@ -168,7 +191,8 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     if not topo.prefix_caching_for(role, inst):
         argv.append("--no-enable-prefix-caching")
     argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
-    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
+    if topo.mode != "aggregated":
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
     block_size = topo.block_size_for(inst)
     if block_size is not None:
         argv += ["--block-size", str(block_size)]
@@ -193,7 +217,8 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     argv += ["--block-size", str(topo.block_size_for(inst) or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(role, inst):
         argv.append("--no-enable-prefix-caching")
-    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
+    if topo.mode != "aggregated":
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
     argv += ["--speed", f"{topo.sim.speed:g}", *topo.sim.args]
     extra: list[str] = getattr(topo.extra_args, role)
     return argv + extra

@@ -39,6 +39,14 @@ Role = Literal["prefill", "decode"]
 UCX_BLOCK_SIZE = 256
 """pdctl's default KV block size for vLLM over UCX, from the bench legs in docs/results/h200x2*."""
 
+SHARED_GPU_LIMIT = 0.95
+"""Instances may share a GPU when each sets gpu_memory_utilization and their sum stays below this."""
+
+SHARED_GPU_UCX_ENV = {"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}
+"""What instances sharing a GPU get over UCX. UCX turns cuda_ipc's get (NIXL READ, vLLM's pull) off when it finds
+no active NVLink, so on one GPU the reads fell back to TCP: 0.45 GB/s; with get forced on, 58-62 GB/s for 512 KiB
+descriptors and 1.4 TB/s for one large one (docs/results/h200-1gpu/nixl-same-gpu)."""
+
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
@@ -261,6 +269,12 @@ class RoleArgs(Strict):
 class Topology(Strict):
     name: str = Field(description="Deployment name: lowercase letters, digits, dashes.")
     engine: Literal["vllm", "sim"] = Field("vllm", description="vllm on GPUs, or pdctl's simulator.")
+    mode: Literal["disaggregated", "aggregated"] = Field(
+        "disaggregated",
+        description="disaggregated: prefill and decode instances behind the router. aggregated: the baseline of "
+        "one engine (decode[0]'s node, GPUs and port) serving whole requests with prefix caching, no KV "
+        "connector, no router; clients talk to it directly.",
+    )
     nodes: list[Node] = Field(min_length=1)
     model: Model
     prefill: list[Instance] = Field(min_length=1)
@@ -295,7 +309,9 @@ class Topology(Strict):
         return (self.node(node).work_dir or self.work_dir).rstrip("/")
 
     def instances(self) -> list[tuple[Role, int, Instance]]:
-        """Every engine instance, decodes first (the order they are started in)."""
+        """Every engine instance that runs, decodes first (the order they are started in)."""
+        if self.mode == "aggregated":
+            return [("decode", 0, self.decode[0])]
         return [("decode", i, d) for i, d in enumerate(self.decode)] + [
             ("prefill", i, p) for i, p in enumerate(self.prefill)
         ]
@@ -329,7 +345,20 @@ class Topology(Strict):
         return size
 
     def prefix_caching_for(self, role: Role, inst: Instance) -> bool:
+        if self.mode == "aggregated":
+            return True
         return inst.prefix_caching if inst.prefix_caching is not None else role == "decode"
+
+    def shared_gpus(self) -> dict[tuple[str, int], list[str]]:
+        """(node, GPU id) -> the instances that run on it, for GPUs given to more than one running instance."""
+        owners: dict[tuple[str, int], list[str]] = {}
+        for role, i, inst in self.instances():
+            for gpu in inst.gpus:
+                owners.setdefault((inst.node, gpu), []).append(f"{role}[{i}]")
+        return {key: names for key, names in owners.items() if len(names) > 1}
+
+    def shares_gpu(self, role: Role, i: int) -> bool:
+        return any(f"{role}[{i}]" in names for names in self.shared_gpus().values())
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Topology:

@@ -9,7 +9,7 @@ import difflib
 from collections.abc import Iterator
 
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, ROUTER_SLACK_S, handle_lifetime
-from pdctl.topology import Instance, Role, Topology
+from pdctl.topology import SHARED_GPU_LIMIT, Instance, Role, Topology
 
 Finding = tuple[tuple[str | int, ...], str, str]
 
@@ -41,7 +41,7 @@ def _node_references(topo: Topology) -> Iterator[Finding]:
             yield ("nodes", i, "name"), f"node name `{name}` is used twice", "give every node its own name"
         seen.add(name)
     refs: list[tuple[tuple[str | int, ...], str]] = [(("router", "node"), topo.router.node)]
-    for role, i, inst in topo.instances():
+    for role, i, inst in _file_order(topo):
         refs.append(((role, i, "node"), inst.node))
     for loc, ref in refs:
         if ref not in seen:
@@ -78,24 +78,48 @@ def _ports(topo: Topology) -> Iterator[Finding]:
 
 
 def _gpus(topo: Topology) -> Iterator[Finding]:
-    owners: dict[tuple[str, int], str] = {}
+    running = {(role, i) for role, i, _ in topo.instances()}
+    owners: dict[tuple[str, int], list[tuple[Role, int, Instance]]] = {}
     for role, i, inst in _file_order(topo):
         node = topo.node(inst.node) if inst.node in {n.name for n in topo.nodes} else None
         for gpu in inst.gpus:
-            other = owners.get((inst.node, gpu))
-            if other is not None:
-                yield (role, i, "gpus"), f"GPU {gpu} of node `{inst.node}` is already given to {other}", (
-                    "give each instance its own GPUs"
-                )
-            owners[(inst.node, gpu)] = f"{role}[{i}]"
             if node is not None and node.gpus and gpu >= node.gpus:
                 yield (role, i, "gpus"), f"GPU {gpu} does not exist: node `{node.name}` has {node.gpus}", (
                     f"use ids 0..{node.gpus - 1}"
                 )
+            if (role, i) in running:
+                owners.setdefault((inst.node, gpu), []).append((role, i, inst))
         needed = inst.tp * inst.data_parallel_size
         if topo.engine == "vllm" and needed > len(inst.gpus):
             yield (role, i, "tp"), f"tp={inst.tp} x data_parallel_size={inst.data_parallel_size} needs "\
                 f"{needed} GPUs but {len(inst.gpus)} are given", "list more gpus or lower tp"
+    for (node_name, gpu), sharing in owners.items():
+        if len(sharing) > 1:
+            yield from _shared_gpu(topo, node_name, gpu, sharing)
+
+
+def _shared_gpu(
+    topo: Topology, node: str, gpu: int, sharing: list[tuple[Role, int, Instance]]
+) -> Iterator[Finding]:
+    """One GPU may serve several instances when each caps its memory and the caps leave the GPU some room."""
+    first = f"{sharing[0][0]}[{sharing[0][1]}]"
+    shares = [topo.model_for(inst).gpu_memory_utilization for _, _, inst in sharing]
+    limit = f"{SHARED_GPU_LIMIT:g}"
+    if any(share is None for share in shares):
+        for role, i, _ in sharing[1:]:
+            yield (role, i, "gpus"), f"GPU {gpu} of node `{node}` is already given to {first}", (
+                "give each instance its own GPUs, or share this one: set model.gpu_memory_utilization so that "
+                f"the instances on it sum below {limit} (e.g. 0.45 each)"
+            )
+        return
+    total = sum(s for s in shares if s is not None)
+    if total >= SHARED_GPU_LIMIT:
+        role, i, _ = sharing[-1]
+        names = ", ".join(f"{r}[{n}]" for r, n, _ in sharing)
+        yield (role, i, "gpus"), (
+            f"GPU {gpu} of node `{node}` is shared by {names}, whose gpu_memory_utilization sums to {total:g}, "
+            f"not below {limit}"
+        ), f"lower model.gpu_memory_utilization (e.g. {SHARED_GPU_LIMIT / len(sharing) - 0.025:.2f} each)"
 
 
 def _role_agreement(topo: Topology) -> Iterator[Finding]:

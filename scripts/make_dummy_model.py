@@ -1,4 +1,4 @@
-"""Write a model directory with the Qwen3-32B architecture for `vllm serve DIR --load-format dummy`.
+"""Write a model directory with the Qwen3-32B (or Qwen3-8B) architecture for `vllm serve DIR --load-format dummy`.
 
 The weights never exist (vLLM fills them at random), so only config.json, generation_config.json and a
 tokenizer are written. The tokenizer is word-level: id i is the word `w<i>`, except Qwen3's special ids
@@ -7,6 +7,7 @@ to the same ids (the special ones only when decoding keeps special tokens), and 
 can be checked token for token. Needs only the `tokenizers` package.
 
     python scripts/make_dummy_model.py --out /tmp/qwen3-32b-dummy
+    python scripts/make_dummy_model.py --arch qwen3-8b --out /tmp/qwen3-8b-dummy   # fits twice on one H200
     vllm serve /tmp/qwen3-32b-dummy --load-format dummy
 """
 
@@ -54,6 +55,16 @@ CONFIG: dict[str, Any] = {
     "use_sliding_window": False,
     "vocab_size": VOCAB_SIZE,
 }
+
+# Qwen/Qwen3-8B's config.json differs from the 32B's in these keys only.
+QWEN3_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "max_window_layers": 36,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+}
+ARCHS: dict[str, dict[str, Any]] = {"qwen3-32b": CONFIG, "qwen3-8b": {**CONFIG, **QWEN3_8B}}
 
 GENERATION_CONFIG: dict[str, Any] = {
     "bos_token_id": SPECIAL_IDS[ENDOFTEXT],
@@ -118,9 +129,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_model(out: Path) -> None:
+def write_model(out: Path, arch: str = "qwen3-32b") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", CONFIG)
+    _write_json(out / "config.json", ARCHS[arch])
     _write_json(out / "generation_config.json", GENERATION_CONFIG)
     _write_json(out / "tokenizer_config.json", tokenizer_config())
     build_tokenizer().save(str(out / "tokenizer.json"))
@@ -129,9 +140,10 @@ def write_model(out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, required=True, help="directory to write (created if missing)")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-32b", help="the model shape")
     args = parser.parse_args(argv)
-    write_model(args.out)
-    print(f"wrote {args.out} (Qwen3-32B architecture, vocab {VOCAB_SIZE}, for --load-format dummy)")
+    write_model(args.out, args.arch)
+    print(f"wrote {args.out} ({args.arch} architecture, vocab {VOCAB_SIZE}, for --load-format dummy)")
     return 0
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdctl.errors import UsageError
-from pdctl.plan import plan
+from pdctl.plan import entry, plan
 from pdctl.topology import Topology, load
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -70,6 +70,8 @@ def leg_topology(path: Path, base: list[str], leg: LegSpec) -> Topology:
 
 def bidirectional(topo: Topology) -> bool:
     """On when the topology asks for it anywhere: such a leg must prove the reuse happens (the guards)."""
+    if topo.mode == "aggregated":
+        return False
     return topo.connector.bidirectional_kv_xfer or any(
         topo.connector_for(inst).bidirectional_kv_xfer for _, _, inst in topo.instances()
     )
@@ -96,7 +98,7 @@ class Endpoints:
 
 def endpoints(topo: Topology) -> Endpoints:
     specs = plan(topo)
-    router = next(s for s in specs if s.role == "router")
+    router = entry(specs)  # an aggregated topology has no router: the bench talks to its engine
     prefills = [s for s in specs if s.role == "prefill"]
     return Endpoints(
         router_url=router.url,

@@ -91,6 +91,7 @@ class LegResult:
     router_stats: dict[str, Any] | None = None
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    mode: str = "disaggregated"  # aggregated: one engine serving whole requests, the baseline
 
     @property
     def passed(self) -> bool:
@@ -101,6 +102,7 @@ class LegResult:
             "name": self.name,
             "overrides": self.overrides,
             "bidirectional": self.bidirectional,
+            "mode": self.mode,
             "simulated": self.simulated,
             "passed": self.passed,
             "failures": self.failures,

@@ -208,6 +208,8 @@ def _triple(rows: list[SummaryRow], leg: str, n: int, metric: str) -> str:
 
 
 def _onoff(leg: LegResult) -> str:
+    if leg.mode == "aggregated":
+        return "aggregated (one engine)"
     return "on" if leg.bidirectional else "off"
 
 

@@ -162,6 +162,7 @@ def run_leg(
         overrides=list(spec.overrides),
         bidirectional=bidirectional(topo),
         simulated=topo.engine == "sim",
+        mode=topo.mode,
     )
     started = time.monotonic()
     client = ClientOptions(
@@ -234,10 +235,12 @@ def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress:
 
 def _calibrated(workload: WorkloadSpec, ep: Endpoints, hosts: Hosts) -> WorkloadSpec:
     """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
-    if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not ep.prefill_urls:
+    engine = (ep.prefill_urls or ep.decode_urls)[:1]  # an aggregated leg has only its one engine
+    if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not engine:
         return workload
     sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)
-    ratio = probe.tokens_per_word(hosts[ep.prefill_logs[0][0]], ep.prefill_urls[0], ep.model, sample)
+    node = ep.prefill_logs[0][0] if ep.prefill_logs else ep.decode_nodes[0]
+    ratio = probe.tokens_per_word(hosts[node], engine[0], ep.model, sample)
     return dataclasses.replace(workload, tokens_per_word=round(ratio, 4)) if ratio else workload
 
 

@@ -52,3 +52,34 @@ class NvidiaSmi(Fact[Gpus]):
 
     def default(self) -> Gpus:
         return Gpus([], "nvidia-smi not found (no NVIDIA driver installed)")
+
+
+@dataclass(frozen=True)
+class GpuMemoryUse:
+    index: int
+    total_mib: int
+    used_mib: int
+    free_mib: int
+
+
+class GpuMemory(Fact[list[GpuMemoryUse]]):
+    """Memory of every GPU right now (MiB): what `doctor` weighs the instances' gpu_memory_utilization against, and
+    what `down` compares with the reading `up` took before starting anything."""
+
+    name = "gpu.GpuMemory"
+    result = list[GpuMemoryUse]
+    requires_command = "nvidia-smi"
+
+    def command(self, layout: HostLayout) -> str:
+        return "nvidia-smi --query-gpu=index,memory.total,memory.used,memory.free --format=csv,noheader,nounits"
+
+    def process(self, lines: list[str]) -> list[GpuMemoryUse]:
+        found: list[GpuMemoryUse] = []
+        for line in lines:
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) == 4 and all(c.isdigit() for c in cols):
+                found.append(GpuMemoryUse(*(int(c) for c in cols)))
+        return found
+
+    def default(self) -> list[GpuMemoryUse]:
+        return []

@@ -14,6 +14,7 @@ from rich.console import Console
 from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
+from pdctl.lifecycle import gpu_memory
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
 from pdctl.nodes import launch
@@ -71,6 +72,8 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
         mine = [s for s in specs if s.node in hosts]
         report.stopped = stop_all(topo, mine, hosts, state, console, timeout=timeout, stragglers=True)
         _verify(topo, hosts)
+        if state is not None and state.gpu_memory_before and topo.engine == "vllm":
+            gpu_memory.check_back(topo, hosts, state.gpu_memory_before, console)
     if job is not None and not unreachable:
         from pdctl.lifecycle.slurm_job import release
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdctl.errors import PdctlError
 from pdctl.lifecycle.slurm_job import SlurmStatus, job_status
 from pdctl.nodes import launch
-from pdctl.plan import ProcessSpec, plan
+from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel, reachable
 from pdctl.remote.local import LocalTransport
@@ -68,6 +68,7 @@ class ProcessStatus:
     log_path: str
     metrics: EngineMetrics | None = None
     gpu_memory_mib: int | None = None
+    gpus: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -100,6 +101,14 @@ class StatusReport:
         ok = all(p.alive and p.health == "ok" for p in self.processes)
         return bool(self.processes) and ok and not self.unreachable
 
+    def shared_gpus(self) -> dict[tuple[str, int], list[ProcessStatus]]:
+        """(node, GPU id) -> the processes on it, for GPUs more than one process is given."""
+        on: dict[tuple[str, int], list[ProcessStatus]] = {}
+        for p in self.processes:
+            for gpu in p.gpus:
+                on.setdefault((p.node, gpu), []).append(p)
+        return {key: procs for key, procs in on.items() if len(procs) > 1}
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy}
 
@@ -117,7 +126,7 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
             return report
         topo = bound
     specs = plan(topo)
-    router = next(s for s in specs if s.role == "router")
+    router = next((s for s in specs if s.role == "router"), None)
     with reachable(topo.nodes, ssh) as (hosts, failed):
         report.unreachable = {n: e.message.splitlines()[0] for n, e in failed.items()}
         nodes = sorted({s.node for s in specs if s.node in hosts})
@@ -129,11 +138,14 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         report.processes = [rows[s.name] for s in specs]
         for node, procs in live.items():
             report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
-        if router.node in report.unreachable:
+        if router is None:
+            report.router = None  # mode: aggregated: clients talk to the engine itself
+        elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
         else:
             report.router = router_stats(hosts[router.node], router.url)
-        report.reach = reach_hint(topo, router, hosts.get(router.node))
+        entry_spec = router or entry(specs)
+        report.reach = reach_hint(topo, entry_spec, hosts.get(entry_spec.node))
     return report
 
 
@@ -148,7 +160,7 @@ def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None)
 def _without_job(spec: ProcessSpec, job: SlurmStatus) -> ProcessStatus:
     why = f"job {job.jobid} {job.state}" if job.jobid is not None else "no job"
     return ProcessStatus(name=spec.name, role=spec.role, node=spec.node, host="-", url="-", pid=None, unit=None,
-                         alive=False, health=why, uptime_s=None, log_path=spec.log_path)
+                         alive=False, health=why, uptime_s=None, log_path=spec.log_path, gpus=list(spec.gpus))
 
 
 def _running(transport: Transport, deployment: str, node: str,
@@ -186,7 +198,7 @@ def _process(
         name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
         pid=lead.pid if lead else None, unit=record.unit if record else None, alive=alive, health=verdict,
         uptime_s=uptime, log_path=spec.log_path, metrics=metrics,
-        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name),
+        gpu_memory_mib=gpu.get(spec.node, {}).get(spec.name), gpus=list(spec.gpus),
     )
 
 

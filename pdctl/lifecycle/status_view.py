@@ -41,6 +41,10 @@ def render_status(report: StatusReport, console: Console) -> None:
     console.print(table)
     if report.slurm is not None:
         console.print(_slurm_line(report), highlight=False)
+    for (node, gpu), procs in sorted(report.shared_gpus().items()):
+        held = [p.gpu_memory_mib for p in procs if p.gpu_memory_mib is not None]
+        console.print(f"GPU {gpu} of {node} is shared by {', '.join(p.name for p in procs)}"
+                      + (f": {sum(held)} MiB together" if held else ""), highlight=False)
     r = report.router
     if r is not None:
         if r.error:

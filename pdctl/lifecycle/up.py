@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
+from pdctl.lifecycle import gpu_memory
 from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
@@ -17,7 +18,7 @@ from pdctl.lifecycle.smoke import SmokeResult, router_api_key, smoke_test
 from pdctl.lifecycle.stop import stop_all
 from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
 from pdctl.nodes import launch, nixl_check
-from pdctl.plan import ProcessSpec, plan
+from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import connected, parallel
 from pdctl.remote.procs import HostProcess
@@ -72,10 +73,13 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
     with connected(topo.nodes, opts.ssh) as hosts:
         if opts.restart:
             console.print(f"restart: stopping {topo.name}")
-            stop_all(topo, specs, hosts, state, console)
+            # every process of the deployment, also those of another mode (aggregated <-> disaggregated legs)
+            stop_all(topo, specs, hosts, state, console, stragglers=True)
             state = DeploymentState(name=topo.name, topology=topo.name, slurm=state.slurm)
         live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
         to_start, kept = _decide(topo.name, specs, state, live)
+        if to_start and not kept and topo.engine == "vllm":
+            state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to
         store.save(state)
         if to_start:
             preflight(topo, to_start, hosts, router_api_key(topo))
@@ -90,6 +94,10 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             engines = [s for s in specs if s.role != "router"]
             for role in ("decode", "prefill"):
                 started += _start(hosts, [s for s in to_start if s.role == role], topo.name, store, state, console)
+                if topo.shared_gpus() and topo.engine == "vllm":
+                    # vLLM sizes its KV from the memory it sees while profiling: engines sharing a GPU start in turn
+                    group = [s for s in engines if s.role == role]
+                    wait_healthy(group, hosts, topo.name, console, timeout=timeout, check=opts.check)
             wait_healthy(engines, hosts, topo.name, console, timeout=timeout, check=opts.check)
             nixl_check.check_launched(topo, engines, hosts)  # EFA topologies: fail when KV moves over TCP
             router = [s for s in specs if s.role == "router"]
@@ -101,14 +109,14 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         except LaunchError:
             _stop_started(topo, specs, started, hosts, store, state, console, "launch failed")
             raise
-        router_url = router[0].url
+        router_url = entry(specs).url
         state.router_url = router_url
         store.save(state)
         result = None
         if opts.smoke:
-            console.print("smoke test: two turns through the router")
+            console.print(f"smoke test: two turns through the {'engine' if topo.mode == 'aggregated' else 'router'}")
             try:
-                result = smoke_test(topo, router_url, hosts[router[0].node])
+                result = smoke_test(topo, router_url, hosts[entry(specs).node])
             except SmokeTestError as exc:
                 # a deployment that failed its check must not stay up for the next `up` to call converged
                 if not started:
@@ -119,6 +127,9 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             store.save(state)
             console.print(f"smoke test: turn 1 {result.turn1.kind}, turn 2 [green]{result.turn2.kind}[/] "
                           f"({result.turn2.tokens} tokens reused)")
+            rate = nixl_check.check_shared_gpu_rate(topo, engines, hosts)  # one GPU shared: not the TCP fallback
+            if rate is not None:
+                console.print(f"KV transfer between instances sharing a GPU: {rate:.1f} GB/s")
     return Deployment(topo.name, router_url, dict(state.processes), started, kept, result)
 
 

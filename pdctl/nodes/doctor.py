@@ -13,7 +13,7 @@ from rich.table import Table
 import pdctl
 from pdctl.facts.base import Fact, HostLayout, gather, layouts_from_env
 from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
-from pdctl.facts.gpu import NvidiaSmi
+from pdctl.facts.gpu import GpuMemory, GpuMemoryUse, NvidiaSmi
 from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
 from pdctl.facts.python import VllmCompat
 from pdctl.nodes.provision import contexts
@@ -71,7 +71,7 @@ def facts_for(ctx: Context) -> list[Fact[Any]]:
     facts: list[Fact[Any]] = [OsRelease(), Arch(), Sudo(), Memlock(), DiskFree(disk), ListeningPorts()]
     facts.append(python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))))
     if ctx.vllm:
-        facts += [NvidiaSmi(), VllmCompat(ctx.python), model.snapshot_fact(ctx)]
+        facts += [NvidiaSmi(), GpuMemory(), VllmCompat(ctx.python), model.snapshot_fact(ctx)]
         if ctx.topo.efa.required:
             facts += [InstallerVersion(), EfaModule(), FiInfo(), PeerMem()]
     return facts
@@ -93,6 +93,7 @@ def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
         out.add("gpus", len(gpus.gpus) >= max(want, 1), f"{len(gpus.gpus)}/{want or '≥1'} {', '.join(names)}"
                 if gpus.gpus else gpus.error or "none", "install the NVIDIA driver; check `nvidia-smi` on the node")
         out.add("driver", gpus.driver is not None, gpus.driver or "none", "install the NVIDIA driver")
+        _memory_checks(ctx, get(GpuMemory()), out)
     _python_checks(ctx, get, out)
     if ctx.vllm:
         snap = get(model.snapshot_fact(ctx))
@@ -105,6 +106,33 @@ def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
     out.add("disk", free is not None and free >= need, f"{(free or 0) / GIB:.0f} GiB free",
             f"free space: at least {need // GIB} GiB is needed")
     return out
+
+
+VLLM_DEFAULT_UTILIZATION = 0.9
+
+
+def _memory_checks(ctx: Context, memory: list[GpuMemoryUse], out: HostChecks) -> None:
+    """Each GPU's free memory against what the instances on it will take: vLLM refuses to start when the GPU has
+    less free than gpu_memory_utilization x its total, and instances sharing a GPU take the sum."""
+    topo = ctx.topo
+    shares: dict[int, list[tuple[str, float]]] = {}
+    for role, i, inst in topo.instances():
+        if inst.node == ctx.node.name:
+            share = topo.model_for(inst).gpu_memory_utilization or VLLM_DEFAULT_UTILIZATION
+            for gpu in inst.gpus:
+                shares.setdefault(gpu, []).append((f"{role}[{i}]", share))
+    by_index = {m.index: m for m in memory}
+    for gpu, owners in sorted(shares.items()):
+        m = by_index.get(gpu)
+        if m is None:
+            continue
+        need = sum(share for _, share in owners)
+        need_mib = int(need * m.total_mib)
+        who = " + ".join(f"{name} {share:g}" for name, share in owners)
+        out.add(f"gpu {gpu} memory", m.free_mib >= need_mib,
+                f"{m.free_mib} MiB free of {m.total_mib}; {who} = {need:g} needs {need_mib} MiB",
+                "free the GPU (`nvidia-smi` shows who holds it; `pdctl down` if this deployment runs) or lower "
+                "model.gpu_memory_utilization")
 
 
 def _efa_checks(ctx: Context, get: Any, out: HostChecks) -> None:

@@ -81,3 +81,59 @@ def check_launched(topo: Topology, engines: Sequence[ProcessSpec], hosts: Mappin
 
     per_node = parallel(sorted({s.node for s in specs}), read)
     check_engine_logs(topo, {name: text for logs in per_node.values() for name, text in logs.items()})
+
+
+SHARED_GPU_MIN_GBPS = 2.0
+"""Below this, instances sharing a GPU move KV on UCX's TCP fallback (0.41-0.49 GB/s measured on one H200), not
+CUDA IPC (58 GB/s and more): docs/results/h200-1gpu/nixl-same-gpu."""
+KV_METRICS_NEEDLE = "KV Transfer metrics"
+
+
+def kv_rate_gbps(log_text: str) -> float | None:
+    """GB/s of every `KV Transfer metrics` line in one engine's log (bytes over transfer time); None without any."""
+    from pdctl.bench.collect import kv_from_log
+
+    kv = kv_from_log(line for line in log_text.splitlines() if KV_METRICS_NEEDLE in line)
+    return kv.bytes / kv.xfer_ms / 1e6 if kv.transfers and kv.xfer_ms > 0 else None
+
+
+def shared_gpu_problem(topo: Topology, logs: Mapping[str, str]) -> tuple[float | None, str | None]:
+    """The best KV rate the engines logged (engine name -> log text) and, when it is the slow path's, why that fails."""
+    rates = [r for r in (kv_rate_gbps(text) for text in logs.values()) if r is not None]
+    if not rates:
+        return None, None
+    best = max(rates)
+    if best >= SHARED_GPU_MIN_GBPS:
+        return best, None
+    shared = "; ".join(f"GPU {gpu} of `{node}`: {', '.join(names)}" for (node, gpu), names in
+                       sorted(topo.shared_gpus().items()))
+    return best, (
+        f"KV moves at {best:.2f} GB/s between instances sharing a GPU ({shared}): UCX's TCP fallback, not CUDA IPC "
+        f"(below {SHARED_GPU_MIN_GBPS:g} GB/s)"
+    )
+
+
+def check_shared_gpu_rate(
+    topo: Topology, engines: Sequence[ProcessSpec], hosts: Mapping[str, Transport], wait_s: float = 15.0
+) -> float | None:
+    """After the smoke test of a deployment whose instances share a GPU over UCX: LaunchError when its KV transfers
+    ran at the slow path's rate. vLLM logs `KV Transfer metrics` every few seconds after a transfer, so this waits
+    up to `wait_s` for a line; returns the rate seen (None: no transfer logged, nothing to judge)."""
+    if topo.engine != "vllm" or topo.connector.backend != "UCX" or not topo.shared_gpus():
+        return None
+    import time
+
+    specs = [s for s in engines if s.role != "router"]
+    pattern = f"-e {shlex.quote(START_MARK)} -e {shlex.quote(KV_METRICS_NEEDLE)}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        logs = {s.name: hosts[s.node].run(
+            f"grep -a -F {pattern} {expand_home(s.log_path)} 2>/dev/null | tail -n 500").stdout.rpartition(
+            START_MARK)[2] for s in specs}
+        rate, problem = shared_gpu_problem(topo, logs)
+        if problem:
+            raise LaunchError(problem, hint="pdctl sets UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y for shared GPUs: keep it and "
+                              "cuda_ipc in UCX_TLS (env), or run the baseline instead: mode: aggregated")
+        if rate is not None or time.monotonic() > deadline:
+            return rate
+        time.sleep(1.0)

@@ -50,3 +50,23 @@ def test_smoke_reads_a_streamed_reply_and_rejects_error_streams() -> None:
     failed = 'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"error":{"message":"x","code":502}}\n\n'
     assert _streamed_content(failed) is None
     assert _streamed_content('{"id":"not a stream"}') is None
+
+
+def test_status_names_a_shared_gpu_and_what_its_processes_hold() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pdctl.lifecycle.status import ProcessStatus, StatusReport
+    from pdctl.lifecycle.status_view import render_status
+
+    def proc(name: str, mib: int | None, gpus: list[int]) -> ProcessStatus:
+        return ProcessStatus(name, "decode", "gpu-host", "127.0.0.1", "http://x", 1, None, True, "ok", 1.0, "log",
+                             gpu_memory_mib=mib, gpus=gpus)
+
+    report = StatusReport("one", None, [proc("decode-0", 63818, [0]), proc("prefill-0", 63818, [0]),
+                                        proc("router", None, [])])
+    out = io.StringIO()
+    render_status(report, Console(file=out, width=200, color_system=None))
+    assert "GPU 0 of gpu-host is shared by decode-0, prefill-0: 127636 MiB together" in out.getvalue()
+    assert report.to_json()["processes"][0]["gpus"] == [0]

@@ -68,6 +68,19 @@ def test_config_has_the_qwen3_32b_architecture(model_dir: Path) -> None:
     assert _json(model_dir / "generation_config.json")["eos_token_id"] == [151645, 151643]
 
 
+def test_qwen3_8b_shape_fits_twice_on_one_h200(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(SCRIPT), "--arch", "qwen3-8b", "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    config = _json(tmp_path / "config.json")
+    shape = ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size"]
+    assert {k: config[k] for k in shape} == {
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": VOCAB_SIZE,
+    }
+    assert (tmp_path / "tokenizer.json").exists()
+
+
 def test_every_id_is_a_token(tokenizer: Tokenizer) -> None:
     assert tokenizer.get_vocab_size() == VOCAB_SIZE
     assert sorted(tokenizer.get_vocab().values()) == list(range(VOCAB_SIZE))
