@@ -1,7 +1,7 @@
 """The router as one ASGI callable: middlewares built explicitly around a small dispatcher; the lifespan owns
 the shared `httpx.AsyncClient` and the timers.
 
-    RequestId -> ApiKey -> JsonBody -> Endpoints
+    Http10 -> RequestId -> ApiKey -> JsonBody -> Endpoints
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pdctl.router import jsonx, proxy, tasks
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.middleware import ApiKey, JsonBody, RequestId
+from pdctl.router.middleware import ApiKey, Http10, JsonBody, RequestId
 from pdctl.router.state import RouterState
 from pdctl.router.transport import FastTransport
 
@@ -112,8 +112,9 @@ def create_app(config: RouterConfig, transport: httpx.AsyncBaseTransport | None 
     """The router's ASGI app; its state is reachable as `app.state` (a RouterState) for tests and tools."""
     state = RouterState.create(config)
     app: ASGIApp = Endpoints(state, transport)
-    app = JsonBody(app, config.max_body_bytes)
+    app = JsonBody(app, config.max_body_bytes, config.body_timeout)
     app = ApiKey(app, config.api_key)
     app = RequestId(app, state.metrics)
+    app = Http10(app)
     app.state = state  # type: ignore[attr-defined]
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -50,14 +51,17 @@ class SimMetrics:
         self.corrupt = Counter(
             "pdctl_sim_corrupt_reuse", "KV reuses whose blocks did not hold the prompt's prefix.", labels, registry=r
         )
-        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens,
+        self.aborted = Counter("pdctl_sim_aborted_requests", "Requests aborted before they finished (client gone).",
+                               labels, registry=r)
+        for metric in (self.aborted, self.running, self.waiting,
+                       self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
                        self.failed_notifs, self.expired, self.corrupt):
             metric.labels(**self._values)
         self.stats = TransferStats()
 
-    def lab(self, metric):  # type: ignore[no-untyped-def]
+    def lab(self, metric: Any) -> Any:
         return metric.labels(**self._values)
 
     def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:

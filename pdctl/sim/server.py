@@ -10,8 +10,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -31,6 +31,7 @@ from pdctl.sim.tokenizer import decode_piece, token_str
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
+T = TypeVar("T")
 
 
 def _error(e: EngineError) -> JSONResponse:
@@ -109,16 +110,26 @@ class SimServer:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         try:
-            p = protocol.parse(await self._json(request), chat, self.served_names, self.cfg.max_model_len)
+            body = await self._json(request)
+            marker = self.cfg.poison_marker
+            if marker and marker in json.dumps(body):
+                raise EngineError(500, "Internal server error: the engine failed on this request "
+                                  "(--poison-marker)", "InternalServerError")
+            p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
             rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
-            run = await self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking))
+            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking))
+            run = await _unless_gone(request, start)
         except EngineError as e:
             return _error(e)
+        except _ClientGone:
+            return Response(status_code=499)
         if p.stream:
             return StreamingResponse(self._stream(p, rid, run), media_type="text/event-stream")
         try:
-            output = [t async for t in run.tokens()]
+            output = await _unless_gone(request, _collect(run))
             kv = run.finish()
+        except _ClientGone:  # vLLM aborts a request whose client disconnected, streaming or not
+            return Response(status_code=499)
         finally:
             run.abort()
         self._count_finished()
@@ -194,6 +205,35 @@ class SimServer:
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + self.cfg.log_stats_interval
                 log_stats(self.metrics)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _collect(run: Run) -> list[int]:
+    return [t async for t in run.tokens()]
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await `work`, cancelling it (and raising _ClientGone) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise _ClientGone
 
 
 def _listen(host: str, port: int) -> socket.socket:
