@@ -13,7 +13,7 @@ import logging
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pdctl.router import jsonx, proxy, tasks
+from pdctl.router import jsonx, proxy, tasks, tripwire
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.middleware import ApiKey, Http10, JsonBody, RequestId
@@ -96,6 +96,8 @@ class Endpoints:
         )
         self._tasks = [asyncio.create_task(tasks.health_loop(self.state)),
                        asyncio.create_task(tasks.sweep_loop(self.state))]
+        self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
+                        for u in self.state.decode.members]
         log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
 
     async def shutdown(self) -> None:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,24 +11,11 @@ import httpx
 import pytest
 
 from tests.router.conftest import SPEED, RouterProc, corrupt, router_process
+from tests.router.faults import eventually, kill
 from tests.router.talk import Conversation, Reply
-from tests.support.sim_procs import SimPair, SimProc, sim_pair, sim_process
+from tests.support.sim_procs import SimPair, sim_pair, sim_process
 
 GEN = "vllm:generation_tokens_total"
-
-
-def eventually(check: Callable[[], bool], within: float = 15) -> bool:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def kill(sim: SimProc) -> None:
-    os.killpg(sim.proc.pid, signal.SIGKILL)
-    sim.proc.wait(timeout=10)
 
 
 def test_expired_handles_are_swept_and_never_sent(pd: SimPair, tmp_path: Path) -> None:
