@@ -1,0 +1,57 @@
+"""Clients that leave: their upstream work stops on both hops, streaming or not, running or queued (item 4)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from tests.router.conftest import router_process
+from tests.router.faults import eventually
+from tests.support.sim_procs import SimProc, sim_pair
+
+RUNNING = "vllm:num_requests_running"
+
+
+def abandon(url: str, body: dict[str, object], after: float) -> None:
+    """Send a request and hang up after `after` seconds without reading the answer."""
+    try:
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=after)
+    except httpx.TimeoutException:
+        pass
+
+
+def idle(*sims: SimProc) -> bool:
+    return all(s.metric(RUNNING) == 0 for s in sims)
+
+
+def test_abandoned_non_streaming_requests_free_their_engine_slots(tmp_path: Path) -> None:
+    # At real speed 2000 tokens take over a minute; the clients leave after a second.
+    with (
+        sim_pair(tmp_path, speed=1) as pair,
+        router_process(tmp_path, [pair.prefill_url], [pair.decode_url]) as router,
+    ):
+        body = {"model": "Qwen", "messages": [{"role": "user", "content": "write a long story"}], "max_tokens": 2000}
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: abandon(router.url, body, 1.0), range(4)))
+        assert eventually(lambda: idle(pair.prefill, pair.decode), within=5)
+        assert pair.decode.metric("pdctl_sim_aborted_requests_total") == 4
+        r = httpx.post(router.url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200  # and the next client is served at once
+
+
+def test_a_queued_request_whose_client_left_never_reaches_an_engine(tmp_path: Path) -> None:
+    with (
+        sim_pair(tmp_path, speed=1) as pair,
+        router_process(tmp_path, [pair.prefill_url], [pair.decode_url], "--max-inflight-per-instance", "1") as router,
+    ):
+        long = {"model": "Qwen", "messages": [{"role": "user", "content": "hold the slot"}], "max_tokens": 2000}
+        with ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(abandon, router.url, long, 4.0)
+            assert eventually(lambda: pair.decode.metric(RUNNING) == 1)
+            prompts = pair.prefill.metric("vllm:prompt_tokens_total")
+            abandon(router.url, {**long, "messages": [{"role": "user", "content": "queued " * 50}]}, 1.0)
+            holder.result()
+        assert eventually(lambda: idle(pair.prefill, pair.decode), within=5)
+        assert pair.prefill.metric("vllm:prompt_tokens_total") == prompts  # the queued one was never prefilled
