@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,10 +17,8 @@ RUNNING = "vllm:num_requests_running"
 
 def abandon(url: str, body: dict[str, object], after: float) -> None:
     """Send a request and hang up after `after` seconds without reading the answer."""
-    try:
+    with contextlib.suppress(httpx.TimeoutException):
         httpx.post(url + "/v1/chat/completions", json=body, timeout=after)
-    except httpx.TimeoutException:
-        pass
 
 
 def idle(*sims: SimProc) -> bool:
