@@ -8,7 +8,7 @@ requests, errors by kind, client-visible failures before the stream started (on 
 TTFT p50/p99, the router's RSS and open fds over time, and the simulator's integrity oracle
 (`pdctl_sim_corrupt_reuse_total`, summed over every engine incarnation).
 
-    python scripts/load_bench.py                       # 1000 streams, then 256 with faults, 60 s each
+    python scripts/load_bench.py                       # 1000 streams, then 256 with faults, 60 s each (speed 100)
     python scripts/load_bench.py --seconds 20 --streams 500 --json out.json
 """
 
@@ -231,15 +231,30 @@ def phase(name: str, args: argparse.Namespace, n_p: int, n_d: int, streams: int,
         engines.stop()
 
 
+def summary(r: dict[str, Any]) -> str:
+    usage = r["router_rss_mib_and_fds_over_time"]
+    lines = [
+        f"== {r['phase']}: {r['streams']} streams on {r['topology']}, {r['wall_s']}s (simulated engines)",
+        f"   requests {r['requests']}, ok {r['ok']}, errors {r['errors'] or 'none'}",
+        f"   failed before the stream started: {r['failed_before_stream_start']} "
+        f"(on the reuse path: {r['failed_before_start_on_reuse_path']}); mid-stream: {r['mid_stream_failures']}",
+        f"   TTFT p50 {r['ttft_p50_ms']} ms, p99 {r['ttft_p99_ms']} ms; reuse {r['reuse']}; "
+        f"router reasons {r['router_stats']['reuse_reasons']}",
+        "   router RSS MiB / open fds over time: " + ", ".join(f"{t}s {m}/{f}" for t, m, f in usage),
+        f"   corrupt reuses (oracle): {r['corrupt_reuses']:g}",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--streams", type=int, default=1000)
     ap.add_argument("--fault-streams", type=int, default=256)
-    ap.add_argument("--think", type=float, default=1.0, help="mean seconds between a reply and the next turn")
+    ap.add_argument("--think", type=float, default=2.0, help="mean seconds between a reply and the next turn")
     ap.add_argument("--turns", type=int, default=8, help="turns per conversation before a new one starts")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--speed", type=float, default=10, help="simulator speed (divides every modelled delay)")
+    ap.add_argument("--speed", type=float, default=100, help="simulator speed (divides every modelled delay)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-load", action="store_true")
     args = ap.parse_args()
@@ -249,7 +264,8 @@ def main() -> None:
     faults = [(0.25, "kill decode-0"), (0.40, "restart decode-0"), (0.60, "kill prefill-0"),
               (0.75, "restart prefill-0")]
     out.append(phase("faults", args, 2, 2, args.fault_streams, faults))
-    print(json.dumps(out, indent=1))
+    for r in out:
+        print(summary(r))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
