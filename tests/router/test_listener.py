@@ -92,3 +92,13 @@ def test_past_the_connection_cap_new_clients_get_503_with_retry_after(pd: SimPai
             for s in held:
                 s.close()
         assert eventually(lambda: completion(router.url).status_code == 200)  # once the router saw them close
+
+
+def test_a_body_that_never_finishes_is_408(pd: SimPair, tmp_path: Path) -> None:
+    with router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--body-timeout", "1") as router:
+        s = connect(router.url)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: 100\r\n\r\n{\"model\": ")  # and the other 90 bytes never come
+        reply = answer(s)
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"--body-timeout" in reply and b'"code":408' in reply
