@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.console import Console
@@ -43,7 +43,9 @@ def bench(
     output_tokens: Annotated[int, typer.Option(help="Output tokens per turn (ignore_eos).")] = 300,
     clients: Annotated[int, typer.Option(help="Conversations played at once.")] = 2,
     rate: Annotated[float, typer.Option(help="Requests/s per client, Poisson; 0: back to back.")] = 0.0,
-    api: Annotated[str, typer.Option(help="chat (text) or completions (token ids, the anchor run's shape).")] = "chat",
+    api: Annotated[str, typer.Option(help="chat (text), responses or messages (the same text conversations on the "
+                                         "Responses / Anthropic Messages API), or completions (token ids, the "
+                                         "anchor run's shape).")] = "chat",
     leg: Annotated[
         list[str] | None,
         typer.Option(help="NAME:key=value,key=value (repeatable); default off and on on "
@@ -71,9 +73,10 @@ def bench(
     console = Console(stderr=True, soft_wrap=True)
 
     def prepare() -> BenchOptions:
-        if api not in ("chat", "completions"):
-            raise UsageError(f"--api {api!r} is not chat or completions", hint="pass --api chat or --api completions")
-        api_kind: Api = "chat" if api == "chat" else "completions"
+        if api not in ("chat", "completions", "responses", "messages"):
+            raise UsageError(f"--api {api!r} is not chat, completions, responses or messages",
+                             hint="pass --api chat, --api completions, --api responses or --api messages")
+        api_kind = cast(Api, api)
         legs = parse_legs(leg)
         if no_redeploy and leg and (len(legs) > 1 or any(x.overrides for x in legs)):
             raise UsageError(

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from pdctl.cli_support import call
+from pdctl.kv_expiry import ROUTER_EXPIRY_MARGIN_S
 
 router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)
 
@@ -29,8 +30,9 @@ def serve(
         float, typer.Option(help="The decodes' decoder_kv_blocks_ttl: how long they keep a finished turn's blocks.")
     ] = 480.0,
     expiry_margin: Annotated[
-        float, typer.Option(help="Seconds before decoder_kv_blocks_ttl that a handle stops being used.")
-    ] = 10.0,
+        float, typer.Option(help="Seconds before decoder_kv_blocks_ttl that a handle stops being used "
+                            "(at least the engine's own 5 s).")
+    ] = ROUTER_EXPIRY_MARGIN_S,
     verify_prefix: Annotated[
         bool, typer.Option("--verify-prefix/--no-verify-prefix", help="Reuse only KV whose token ids match.")
     ] = True,
@@ -65,10 +67,18 @@ def serve(
     max_client_connections: Annotated[
         int, typer.Option(help="Open client connections before new ones get 503; 0: half the open-file limit.")
     ] = 0,
+    conversation_header: Annotated[
+        list[str] | None,
+        typer.Option("--conversation-header",
+                     help="Header naming a request's conversation, in order of precedence (repeat for more); "
+                     "default: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
+                     "X-Correlation-Id."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Serve the router: OpenAI-compatible /v1/chat/completions and /v1/completions over P/D instances."""
+    """Serve the router: chat/completions, completions, Responses and Anthropic Messages over P/D instances."""
     from pdctl.router.config import RouterConfig
+    from pdctl.router.identity import DEFAULT_HEADERS
     from pdctl.router.serve import api_key_from_env
     from pdctl.router.serve import serve as run
 
@@ -82,6 +92,7 @@ def serve(
         health_timeout=health_timeout, max_inflight_per_instance=max_inflight_per_instance, max_queue=max_queue,
         queue_timeout=queue_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
         idle_timeout=idle_timeout, max_client_connections=max_client_connections,
+        conversation_headers=tuple(h.lower() for h in conversation_header) if conversation_header else DEFAULT_HEADERS,
     ))
     run(config, host, port, log_level.lower())
 

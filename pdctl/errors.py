@@ -7,7 +7,8 @@
     ├── RemoteCommandError          a command on a host failed
     ├── LaunchError                 a process did not start or serve
     ├── SmokeTestError              the deployment serves but KV reuse does not happen
-    └── StateError                  the deployment state file is missing or unreadable
+    ├── StateError                  the deployment state file is missing or unreadable
+    └── BusyError                   another pdctl process is changing the same deployment
 
 Every error carries a `hint`: the next thing the user can do. `cli.py` prints
 `Error: <message>` and `hint: <hint>` to stderr and exits with `exit_code`.
@@ -103,3 +104,11 @@ class SmokeTestError(PdctlError):
 
 class StateError(PdctlError):
     """The deployment state file is missing or cannot be read."""
+
+
+class BusyError(PdctlError):
+    """Another pdctl process holds the deployment's lock (two `up`s at once would both start processes)."""
+
+    def __init__(self, message: str, holder_pid: int | None, hint: str = "") -> None:
+        super().__init__(message, hint)
+        self.holder_pid = holder_pid

@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import Instance, Role, Topology
 
 ProcessRole = Literal["prefill", "decode", "router"]
@@ -27,7 +28,7 @@ class ProcessSpec:
     node: str
     host: str
     argv: tuple[str, ...]
-    env: dict[str, str]
+    env: dict[str, EnvValue]
     workdir: str
     log_path: str
     health_url: str
@@ -40,6 +41,7 @@ class ProcessSpec:
         data["argv"] = list(self.argv)
         data["ports"] = list(self.ports)
         data["gpus"] = list(self.gpus)
+        data["env"] = {k: shown(v) for k, v in self.env.items()}
         return data
 
 
@@ -60,6 +62,11 @@ def python_for(topo: Topology, self_python: str = sys.executable, node: str | No
     """The interpreter that runs pdctl on `node`: its venv's (nodes[].venv, else python.venv) or `self_python`."""
     venv = topo.venv_for(node) if node else topo.python.venv
     return f"{venv.rstrip('/')}/bin/python" if venv else self_python
+
+
+def secret_names(topo: Topology) -> list[str]:
+    """Env names whose values are masked beyond those named like secrets: `env.secret`, the router's key."""
+    return [*topo.env.secret, *([topo.router.api_key_env] if topo.router.api_key_env else [])]
 
 
 def kv_transfer_config(topo: Topology, role: Role, inst: Instance) -> dict[str, Any]:
@@ -104,6 +111,7 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         if topo.hf_home:
             env["HF_HOME"] = topo.hf_home
     env.update(getattr(topo.env, role))
+    marked = mark(env, secret_names(topo))
     argv = _vllm_argv(topo, role, inst) if topo.engine == "vllm" else _sim_argv(topo, role, inst, self_python)
     side = tuple(inst.side_channel_port + r for r in range(inst.data_parallel_size))
     url = f"http://{node.address}:{inst.port}"
@@ -113,7 +121,7 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
         node=node.name,
         host=node.address,
         argv=tuple(argv),
-        env=env,
+        env=marked,
         workdir=run_dir(topo, node.name),
         log_path=f"{run_dir(topo, node.name)}/logs/{name}.log",
         health_url=f"{url}/health",
@@ -176,7 +184,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     argv += ["--host", r.bind or node.address, "--port", str(r.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
-    ttl = min(topo.connector_for(d).decoder_kv_blocks_ttl for d in topo.decode)
+    _, ttl = topo.decode_kv_ttl()
     argv += ["--handle-ttl", f"{r.handle_ttl:g}", "--decoder-kv-blocks-ttl", str(ttl)]
     argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
     if not r.verify_prefix:
@@ -185,6 +193,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
+    for name in r.conversation_headers or ():
+        argv += ["--conversation-header", name]
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
     url = f"http://{node.address}:{r.port}"
     return ProcessSpec(
@@ -193,7 +203,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         node=node.name,
         host=node.address,
         argv=tuple(argv),
-        env=env,
+        env=mark(env, secret_names(topo)),
         workdir=run_dir(topo, node.name),
         log_path=f"{run_dir(topo, node.name)}/logs/router.log",
         health_url=f"{url}/health",

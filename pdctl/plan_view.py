@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdctl.plan import ProcessSpec
+from pdctl.secret import shown
 
 
 def plan_json(specs: list[ProcessSpec]) -> str:
@@ -16,7 +17,7 @@ def plan_json(specs: list[ProcessSpec]) -> str:
 
 
 def shell_line(spec: ProcessSpec, only_env: set[str] | None = None) -> str:
-    env = [f"{k}={shlex.quote(v)}" for k, v in spec.env.items() if only_env is None or k in only_env]
+    env = [shlex.quote(f"{k}={shown(v)}") for k, v in spec.env.items() if only_env is None or k in only_env]
     return " ".join([*env, *(shlex.quote(a) for a in spec.argv)])
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pdctl.errors import StateError
 from pdctl.plan import ProcessSpec
+from pdctl.secret import reveal
 
 VERSION = 1
 
@@ -33,7 +34,8 @@ def state_path(name: str) -> Path:
 
 def argv_hash(spec: ProcessSpec) -> str:
     """Identity of what a process runs: argv and environment; a change means it must be restarted."""
-    data = json.dumps([list(spec.argv), sorted(spec.env.items())], separators=(",", ":"))
+    env = sorted((k, reveal(v)) for k, v in spec.env.items())  # a new token restarts; only a hash is kept
+    data = json.dumps([list(spec.argv), env], separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
@@ -73,6 +75,30 @@ class DeploymentState:
         return data
 
 
+def _parse(raw: bytes) -> DeploymentState:
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise TypeError(f"the document is a {type(data).__name__}, not an object")
+    procs = data.pop("processes", {})
+    if not isinstance(procs, dict) or not all(isinstance(v, dict) for v in procs.values()):
+        raise TypeError("`processes` is not an object of process records")
+    records = {str(k): ProcessRecord.from_json(v) for k, v in procs.items()}
+    fields = set(DeploymentState.__dataclass_fields__) - {"processes"}
+    state = DeploymentState(**{k: v for k, v in data.items() if k in fields}, processes=records)
+    if not isinstance(state.name, str) or not all(_well_typed(r) for r in records.values()):
+        raise TypeError("a process record has a field of the wrong type")
+    return state
+
+
+def _well_typed(r: ProcessRecord) -> bool:
+    texts = (r.name, r.role, r.node, r.host, r.log_path, r.url, r.health_url, r.argv_hash)
+    return (
+        all(isinstance(t, str) for t in texts) and isinstance(r.pid, int) and not isinstance(r.pid, bool)
+        and (r.unit is None or isinstance(r.unit, str)) and isinstance(r.ports, list)
+        and all(isinstance(p, int) for p in r.ports)
+    )
+
+
 class StateStore:
     """Reads and atomically rewrites one deployment's state; safe to record from several threads."""
 
@@ -83,18 +109,16 @@ class StateStore:
 
     def load(self) -> DeploymentState | None:
         try:
-            raw = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc}") from None
         try:
-            data = json.loads(raw)
-            procs = {k: ProcessRecord.from_json(v) for k, v in data.pop("processes", {}).items()}
-            return DeploymentState(**{**data, "processes": procs})
-        except (ValueError, TypeError, KeyError) as exc:
+            return _parse(raw)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # UnicodeDecodeError is a ValueError
             raise StateError(
-                f"{self.path} is not a pdctl state file ({exc})",
+                f"{self.path} is not a pdctl state file ({type(exc).__name__}: {str(exc)[:200]})",
                 hint=f"move it away; `pdctl down` still finds the processes of {self.name} by their marker",
             ) from None
 

@@ -13,6 +13,25 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pdctl.topology_types import (
+    Address,
+    DottedVersion,
+    EnvKey,
+    GitRef,
+    HostPath,
+    InstallerSource,
+    ModelId,
+    NodeName,
+    PackageVersion,
+    PipRequirement,
+    ServedName,
+    Sha256,
+    SshAlias,
+    Text,
+    UserName,
+    Word,
+)
+
 Role = Literal["prefill", "decode"]
 
 UCX_BLOCK_SIZE = 256
@@ -22,29 +41,30 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `port: true` is not port 1, and `"8000"` is not a number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Node(Strict):
-    name: str = Field(description="Name used by instances and the router to refer to this node.")
-    address: str = Field("127.0.0.1", description="Address other nodes and the CLI use to reach this node.")
-    user: str | None = Field(None, description="SSH user; default from ~/.ssh/config or the local user.")
+    name: NodeName = Field(description="Name used by instances and the router to refer to this node.")
+    address: Address = Field("127.0.0.1", description="Address other nodes and the CLI use to reach this node.")
+    user: UserName | None = Field(None, description="SSH user; default from ~/.ssh/config or the local user.")
     port: int = Field(22, ge=1, le=65535, description="SSH port.")
-    ssh_alias: str | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")
+    ssh_alias: SshAlias | None = Field(None, description="Host alias in ~/.ssh/config (HostName, ProxyJump...).")
     transport: Literal["ssh", "local"] = Field("ssh", description="How pdctl reaches the node.")
     gpus: int = Field(0, ge=0, description="Number of GPUs on the node (0: not checked).")
-    venv: str | None = Field(
+    venv: HostPath | None = Field(
         None, description="This node's venv, where it differs from python.venv (default: python.venv)."
     )
-    work_dir: str | None = Field(
+    work_dir: HostPath | None = Field(
         None, description="This node's directory for logs, run files and uploads (default: work_dir)."
     )
 
 
 class Model(Strict):
-    id: str = Field(description="Hugging Face model id, e.g. Qwen/Qwen3-32B.")
-    revision: str | None = Field(None, description="Model revision (commit or tag) to pin.")
-    served_name: str | None = Field(None, description="Name clients use (--served-model-name); default: id.")
+    id: ModelId = Field(description="Hugging Face model id, e.g. Qwen/Qwen3-32B.")
+    revision: GitRef | None = Field(None, description="Model revision (commit or tag) to pin.")
+    served_name: ServedName | None = Field(None, description="Name clients use (--served-model-name); default: id.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype.")
     max_model_len: int = Field(32768, gt=0, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, gt=0, description="Most requests an engine runs at once.")
@@ -54,8 +74,8 @@ class Model(Strict):
         description="KV block size in tokens; default: 256 for vLLM over UCX (measured on NVLink: "
         "docs/results), else the engine's (16).",
     )
-    local_dir: str | None = Field(None, description="Model directory on the nodes; replaces the hub download.")
-    load_format: str | None = Field(None, description="vLLM --load-format, e.g. `dummy` for random weights.")
+    local_dir: HostPath | None = Field(None, description="Model directory on the nodes; replaces the hub download.")
+    load_format: Word | None = Field(None, description="vLLM --load-format, e.g. `dummy` for random weights.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager (no CUDA graphs).")
 
@@ -67,7 +87,7 @@ class Model(Strict):
 class ModelOverride(Strict):
     """Per-instance model settings; every field left out takes the topology's `model` value."""
 
-    id: str | None = None
+    id: ModelId | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     block_size: int | None = Field(None, gt=0)
 
@@ -116,9 +136,9 @@ class Instance(Strict):
 class Router(Strict):
     node: str = Field(description="Node that runs the router.")
     port: int = Field(8000, ge=1, le=65535, description="Port clients connect to.")
-    bind: str | None = Field(None, description="Address to listen on; default: the node's address.")
+    bind: Address | None = Field(None, description="Address to listen on; default: the node's address.")
     handle_ttl: float = Field(450, gt=0, description="Seconds the router trusts a decode handle.")
-    api_key_env: str | None = Field(None, description="Env var holding the API key clients must send.")
+    api_key_env: EnvKey | None = Field(None, description="Env var holding the API key clients must send.")
     verify_prefix: bool = Field(True, description="Reuse only KV whose tokens match the new prompt.")
     local_prefill_tokens: int = Field(
         0,
@@ -126,6 +146,13 @@ class Router(Strict):
         description="Conditional disaggregation: a turn whose decode already caches all but at most this many of "
         "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
         "the decode's other streams one step of that many tokens); 0: always disaggregate.",
+    )
+
+    conversation_headers: list[str] | None = Field(
+        None,
+        description="Headers naming a request's conversation, in order of precedence (after the body's "
+        "conversation_id); null: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
+        "X-Correlation-Id.",
     )
 
     @model_validator(mode="after")
@@ -137,10 +164,10 @@ class Router(Strict):
 
 class Efa(Strict):
     required: bool = Field(False, description="Install and check EFA; fail when transfers fall back to TCP.")
-    installer_version: str | None = Field(None, description="aws-efa-installer version to install.")
-    sha256: str | None = Field(None, description="sha256 of aws-efa-installer-<version>.tar.gz.")
+    installer_version: DottedVersion | None = Field(None, description="aws-efa-installer version to install.")
+    sha256: Sha256 | None = Field(None, description="sha256 of aws-efa-installer-<version>.tar.gz.")
     devices: int = Field(16, ge=1, description="EFA devices expected per node (16 on p5en.48xlarge).")
-    installer: str | None = Field(
+    installer: InstallerSource | None = Field(
         None,
         description="Installer tarball: a URL fetched on the node, or a file on the CLI's machine that is "
         "uploaded; default: AWS's URL for installer_version.",
@@ -148,13 +175,15 @@ class Efa(Strict):
 
 
 class Python(Strict):
-    venv: str | None = Field(
+    venv: HostPath | None = Field(
         "~/.pdctl/venv", description="Venv on the nodes; null: the CLI's own interpreter (local nodes only)."
     )
-    vllm_version: str = Field("0.33.0", description="vLLM version installed on the nodes.")
-    nixl_version: str = Field("1.5.1", description="NIXL version installed on the nodes.")
-    packages: list[str] = Field(default_factory=list, description="More requirements to install on the nodes.")
-    wheelhouse: str | None = Field(None, description="Local wheel directory: install offline from it.")
+    vllm_version: PackageVersion = Field("0.33.0", description="vLLM version installed on the nodes.")
+    nixl_version: PackageVersion = Field("1.5.1", description="NIXL version installed on the nodes.")
+    packages: list[PipRequirement] = Field(
+        default_factory=list, description="More requirements to install on the nodes."
+    )
+    wheelhouse: HostPath | None = Field(None, description="Local wheel directory: install offline from it.")
     system_site_packages: bool = Field(
         False,
         description="Create the venv with --system-site-packages (reuse the image's torch, say); an existing "
@@ -170,19 +199,24 @@ class Python(Strict):
 class Sim(Strict):
     speed: float = Field(1.0, gt=0, description="Simulator time scale: 1 = H200-calibrated, 100 = 100x faster.")
     num_blocks: int = Field(40000, gt=0, description="KV blocks per simulated instance.")
-    args: list[str] = Field(default_factory=list, description="More `pdctl.sim serve` arguments.")
+    args: list[Text] = Field(default_factory=list, description="More `pdctl.sim serve` arguments.")
 
 
 class RoleEnv(Strict):
-    all: dict[str, str] = Field(default_factory=dict, description="Env for every process.")
-    prefill: dict[str, str] = Field(default_factory=dict)
-    decode: dict[str, str] = Field(default_factory=dict)
-    router: dict[str, str] = Field(default_factory=dict)
+    all: dict[EnvKey, Text] = Field(default_factory=dict, description="Env for every process.")
+    prefill: dict[EnvKey, Text] = Field(default_factory=dict)
+    decode: dict[EnvKey, Text] = Field(default_factory=dict)
+    router: dict[EnvKey, Text] = Field(default_factory=dict)
+    secret: list[EnvKey] = Field(
+        default_factory=list,
+        description="More env names whose values are secrets, shown as *** everywhere (names like HF_TOKEN, "
+        "*_TOKEN, *_KEY, *_SECRET and *PASSWORD* always are).",
+    )
 
 
 class RoleArgs(Strict):
-    prefill: list[str] = Field(default_factory=list, description="Extra engine arguments for prefill.")
-    decode: list[str] = Field(default_factory=list, description="Extra engine arguments for decode.")
+    prefill: list[Text] = Field(default_factory=list, description="Extra engine arguments for prefill.")
+    decode: list[Text] = Field(default_factory=list, description="Extra engine arguments for decode.")
 
 
 class Topology(Strict):
@@ -199,8 +233,8 @@ class Topology(Strict):
     sim: Sim = Field(default_factory=Sim)
     env: RoleEnv = Field(default_factory=RoleEnv)
     extra_args: RoleArgs = Field(default_factory=RoleArgs)
-    work_dir: str = Field("~/.pdctl", description="Per-node directory for logs and run files.")
-    hf_home: str | None = Field(None, description="HF_HOME on the nodes (model cache).")
+    work_dir: HostPath = Field("~/.pdctl", description="Per-node directory for logs and run files.")
+    hf_home: HostPath | None = Field(None, description="HF_HOME on the nodes (model cache).")
 
     @field_validator("name")
     @classmethod
@@ -235,6 +269,12 @@ class Topology(Strict):
         if inst.connector is None:
             return self.connector
         return self.connector.model_copy(update=inst.connector.model_dump(exclude_none=True))
+
+    def decode_kv_ttl(self) -> tuple[int, int]:
+        """(index, decoder_kv_blocks_ttl) of the decode that frees a finished turn's blocks first."""
+        ttls = [(self.connector_for(d).decoder_kv_blocks_ttl, i) for i, d in enumerate(self.decode)]
+        ttl, index = min(ttls)
+        return index, ttl
 
     def block_size_for(self, inst: Instance) -> int | None:
         """The KV block size the instance runs with; None leaves vLLM's own default (16).

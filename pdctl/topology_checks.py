@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, ROUTER_SLACK_S, handle_lifetime
 from pdctl.topology import Instance, Role, Topology
 
 Finding = tuple[tuple[str | int, ...], str, str]
@@ -133,11 +134,22 @@ def _overrides(inst: Instance, section: str, key: str) -> bool:
 
 
 def _router_ttl(topo: Topology) -> Iterator[Finding]:
-    ttls = [topo.connector_for(d).decoder_kv_blocks_ttl for d in topo.decode]
-    if topo.router.handle_ttl >= min(ttls):
+    """What `pdctl router serve` would refuse, refused here with the same numbers (pdctl.kv_expiry)."""
+    index, ttl = topo.decode_kv_ttl()
+    if topo.router.handle_ttl >= ttl:
         yield ("router", "handle_ttl"), (
-            f"handle_ttl {topo.router.handle_ttl:g}s is not below decoder_kv_blocks_ttl {min(ttls)}s"
+            f"handle_ttl {topo.router.handle_ttl:g}s is not below decoder_kv_blocks_ttl {ttl}s"
         ), "the router must drop a handle before the decode frees its blocks; e.g. 30 s below"
+    if handle_lifetime(topo.router.handle_ttl, ttl) <= 0:
+        override = topo.decode[index].connector
+        own = override is not None and override.decoder_kv_blocks_ttl is not None
+        loc: tuple[str | int, ...] = ("decode", index, "connector", "decoder_kv_blocks_ttl") if own else (
+            "connector", "decoder_kv_blocks_ttl")
+        yield loc, (
+            f"decoder_kv_blocks_ttl {ttl}s leaves no usable handle: the router stops using a handle "
+            f"{ROUTER_EXPIRY_MARGIN_S:g}s before the decode frees its blocks (the engine declines reads within "
+            f"{ENGINE_EXPIRY_MARGIN_S:g}s, plus {ROUTER_SLACK_S:g}s for the request in flight)"
+        ), f"set decoder_kv_blocks_ttl well above {ROUTER_EXPIRY_MARGIN_S:g}s (default 480) and handle_ttl below it"
 
 
 def _python(topo: Topology) -> Iterator[Finding]:

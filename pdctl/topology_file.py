@@ -6,12 +6,13 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
+from pdctl import topology_yaml
 from pdctl.errors import Problem, TopologyError
 from pdctl.topology import Topology
 from pdctl.topology_checks import check
+from pdctl.topology_yaml import dotted as _dotted
 
 Loc = tuple[str | int, ...]
 
@@ -19,12 +20,13 @@ Loc = tuple[str | int, ...]
 def load_file(path: Path, overrides: list[str]) -> Topology:
     shown = str(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as fh:
+            raw = fh.read(topology_yaml.MAX_BYTES + 1)
     except FileNotFoundError:
         raise TopologyError([Problem(shown, None, "", "file not found", "pass an existing file with -t")]) from None
     except OSError as exc:
         raise TopologyError([Problem(shown, None, "", f"cannot read: {exc.strerror}")]) from None
-    return parse(text, shown, overrides)
+    return parse(topology_yaml.decode(raw, shown), shown, overrides)
 
 
 def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
@@ -42,39 +44,16 @@ def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology
 
 
 def _read_yaml(text: str, shown: str) -> tuple[dict[str, Any], dict[Loc, int]]:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise TopologyError(
-            [Problem(shown, line, "", f"YAML syntax error: {reason}", "check indentation and quoting")]
-        ) from None
-    if node is None or data is None:
+    data, lines = topology_yaml.read(text, shown)
+    if data is None:
         raise TopologyError(
             [Problem(shown, None, "", "the file is empty", "start from configs/local-sim.yaml")]
         )
     if not isinstance(data, dict):
         raise TopologyError(
-            [Problem(shown, node.start_mark.line + 1, "", "expected a mapping of keys at the top level")]
+            [Problem(shown, lines.get((), 1), "", "expected a mapping of keys at the top level")]
         )
-    lines: dict[Loc, int] = {}
-    _index(node, (), lines)
     return data, lines
-
-
-def _index(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = (*loc, key.value)
-            _index(value, child, lines)
-            lines[child] = key.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index(item, (*loc, i), lines)
 
 
 def _line(lines: dict[Loc, int], loc: Loc) -> int | None:
@@ -82,13 +61,6 @@ def _line(lines: dict[Loc, int], loc: Loc) -> int | None:
         if loc[:end] in lines:
             return lines[loc[:end]]
     return None
-
-
-def _dotted(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def _problem(err: Any, lines: dict[Loc, int], shown: str) -> Problem:
@@ -102,6 +74,10 @@ def _problem(err: Any, lines: dict[Loc, int], shown: str) -> Problem:
         return Problem(shown, _line(lines, loc), _dotted(loc), "unknown key", hint)
     if kind == "missing":
         return Problem(shown, _line(lines, loc[:-1]), _dotted(loc), "required key is missing", "add it")
+    if loc and loc[-1] == "[key]":  # a bad key of a mapping (env names): name the mapping, show the key
+        loc = loc[:-1]
+        message = err["msg"].removeprefix("Value error, ")
+        return Problem(shown, _line(lines, loc), _dotted(loc[:-1]), f"key {str(loc[-1])!r} {message}")
     got = err.get("input")
     shown_value = "" if isinstance(got, dict | list) else f" (got {got!r})"
     message = err["msg"].removeprefix("Value error, ")
@@ -136,7 +112,14 @@ def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key:
         raise TopologyError([Problem(shown, None, override, "override must look like key.path=value")])
-    value = yaml.safe_load(raw)
+    try:
+        value, _ = topology_yaml.read(raw, shown, inline=True)
+    except TopologyError as exc:
+        reason = exc.problems[0].message.removeprefix("the value: ")
+        raise TopologyError([Problem(
+            shown, None, f"--set {key}", f"the value {raw!r} is not valid YAML ({reason})",
+            f"quote a text value: --set '{key}=\"...\"'",
+        )]) from None
     parts: list[str] = []
     for piece in key.replace("]", "").split("."):
         parts.extend(piece.split("["))

@@ -21,7 +21,8 @@ from pdctl.bench.collect import parse_ms, parse_reuse
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.workload import Api, Conversation
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+         "messages": "/v1/messages"}
 
 
 @dataclass(frozen=True)
@@ -138,20 +139,44 @@ async def _read_stream(resp: httpx.Response, api: Api, reply: _Reply) -> None:
         if "error" in chunk:
             reply.error = f"stream error: {_error_message(json.dumps(chunk).encode())}"
             return
+        if api in ("responses", "messages"):
+            _agent_event(chunk, reply)
+            continue
         if chunk.get("usage"):
             reply.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             text = (choice.get("delta") or {}).get("content") if api == "chat" else choice.get("text")
             if text:
-                now = time.perf_counter()
-                if reply.first is None:
-                    reply.first = now
-                if reply.last is not None:
-                    reply.max_gap = max(reply.max_gap, now - reply.last)
-                reply.last = now
-                reply.text.append(text)
-                reply.chunks += 1
+                _text(reply, text)
             reply.ids.extend(choice.get("token_ids") or [])
+
+
+def _agent_event(event: dict[str, Any], reply: _Reply) -> None:
+    """One event of a Responses or Messages stream: its text, or the usage it reports at the end."""
+    kind = event.get("type")
+    delta = event.get("delta")
+    text = None
+    if kind == "response.output_text.delta":
+        text = delta
+    elif kind == "content_block_delta" and isinstance(delta, dict) and delta.get("type") == "text_delta":
+        text = delta.get("text")
+    if isinstance(text, str) and text:
+        _text(reply, text)
+    usage = (event.get("response") or {}).get("usage") if kind == "response.completed" else \
+        event.get("usage") if kind == "message_delta" else None
+    if isinstance(usage, dict):
+        reply.usage = {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
+
+
+def _text(reply: _Reply, text: str) -> None:
+    now = time.perf_counter()
+    if reply.first is None:
+        reply.first = now
+    if reply.last is not None:
+        reply.max_gap = max(reply.max_gap, now - reply.last)
+    reply.last = now
+    reply.text.append(text)
+    reply.chunks += 1
 
 
 def _finish(rec: RequestRecord, reply: _Reply, start: float, end: float, body: dict[str, Any]) -> None:
@@ -174,10 +199,10 @@ def _finish(rec: RequestRecord, reply: _Reply, start: float, end: float, body: d
 
 
 def _error_message(raw: bytes) -> str:
-    """The message of an OpenAI-shaped error body, else the start of the body."""
+    """The message of an OpenAI- or Anthropic-shaped error body, else the start of the body."""
     try:
         data = json.loads(raw)
-        err = data.get("error", data)
+        err = data.get("error", data)  # Anthropic's {"type": "error", "error": {...}} has it there too
         msg = err.get("message") if isinstance(err, dict) else err
         return str(msg or data)[:300]
     except (ValueError, AttributeError):

@@ -19,7 +19,7 @@ from pdctl.bench import guards, probe
 from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
-from pdctl.bench.workload import Conversation, ConversationPlan, WorkloadSpec, build
+from pdctl.bench.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import PdctlError, UsageError
 from pdctl.remote.hosts import connected
 from pdctl.topology import Topology
@@ -177,7 +177,7 @@ def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress:
 
 def _calibrated(workload: WorkloadSpec, ep: Endpoints) -> WorkloadSpec:
     """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
-    if workload.api != "chat" or workload.tokens_per_word != 1.0 or not ep.prefill_urls:
+    if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not ep.prefill_urls:
         return workload
     sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)
     ratio = probe.tokens_per_word(ep.prefill_urls[0], ep.model, sample)

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pdctl.errors import UsageError
 
-Api = Literal["chat", "completions"]
+Api = Literal["chat", "completions", "responses", "messages"]
+TEXT_APIS = ("chat", "responses", "messages")  # the APIs whose conversations are text messages
 Segment = str | tuple[int, ...]
 
 DEFAULT_LENGTHS = (2000, 4000, 8000, 12000, 16000, 20000, 24000)
@@ -65,13 +66,13 @@ class ConversationPlan:
 def build(spec: WorkloadSpec) -> list[ConversationPlan]:
     """Every conversation of the sweep, lengths in the given order, the same for every leg."""
     rng = random.Random(spec.seed)
-    words = _corpus_words(spec.source) if spec.api == "chat" else []
+    words = _corpus_words(spec.source) if spec.api in TEXT_APIS else []
     cursor = _Cursor(words, rng)
     plans = []
     for length in spec.lengths:
         for i in range(spec.conversations):
             key = f"L{length}-c{i}"
-            if spec.api == "chat":
+            if spec.api in TEXT_APIS:
                 header = f"Conversation {key} seed {spec.seed}."
                 first: Segment = f"{header} {cursor.text(_words_for(length, spec) - len(header.split()))}"
                 users: tuple[Segment, ...] = tuple(
@@ -96,7 +97,7 @@ class Conversation:
     prompt_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.api == "chat":
+        if self.api in TEXT_APIS:
             self.messages = [{"role": "user", "content": str(self.plan.first)}]
         else:
             self.prompt_ids = list(_as_ids(self.plan.first))
@@ -114,8 +115,14 @@ class Conversation:
             "stream_options": {"include_usage": True},
             "conversation_id": self.conversation_id,
         }
-        if self.api == "chat":
+        if self.api == "responses":  # the same turn in the Responses API's words
+            del body["max_tokens"], body["stream_options"]
+            body["max_output_tokens"] = output_tokens
+            body["input"] = [dict(m) for m in self.messages]
+        elif self.api in TEXT_APIS:
             body["messages"] = [dict(m) for m in self.messages]
+            if self.api == "messages":
+                del body["stream_options"]
         else:
             body["prompt"] = list(self.prompt_ids)
             body["return_token_ids"] = True
@@ -127,7 +134,7 @@ class Conversation:
         if self.done:
             return
         nxt = self.plan.users[self.turn - 1]
-        if self.api == "chat":
+        if self.api in TEXT_APIS:
             self.messages.append({"role": "assistant", "content": reply_text})
             self.messages.append({"role": "user", "content": str(nxt)})
         else:

@@ -83,7 +83,7 @@ class HostLayout:
         parts = []
         if self.path:
             parts.append(f'export PATH={shlex.quote(":".join(self.path))}:"$PATH"')
-        parts += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        parts += [f"export {shlex.quote(f'{k}={v}')}" for k, v in self.env.items()]
         return "".join(p + "; " for p in parts)
 
 

@@ -4,6 +4,7 @@ GPU hosts no GPU memory held by it. Works without the state file and is safe to 
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from rich.console import Console
 from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
+from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
 from pdctl.nodes import launch
 from pdctl.plan import MARKER, plan
@@ -41,6 +43,11 @@ def down(
     topo: Topology, console: Console, *, ssh: SshOptions | None = None, timeout: float = launch.STOP_TIMEOUT_S
 ) -> DownReport:
     """Stop `topo`'s processes (router, prefills, decodes, then anything else carrying its marker) and verify."""
+    with deployment_lock(topo.name, "down"):
+        return _down(topo, console, ssh, timeout)
+
+
+def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: float) -> DownReport:
     store = StateStore(topo.name)
     try:
         state = store.load()
@@ -101,9 +108,9 @@ def _gpu_holders(transport: Transport, deployment: str, node: str) -> list[str]:
     pids = [p.strip() for p in transport.run(GPU_PIDS).stdout.split() if p.strip().isdigit()]
     if not pids:
         return []
-    marker = f"{MARKER}={deployment}"
+    marker = shlex.quote(f"{MARKER}={deployment}")
     script = "; ".join(
-        f"grep -qzx '{marker}' /proc/{pid}/environ 2>/dev/null && echo {pid}" for pid in pids
+        f"grep -qzx {marker} /proc/{pid}/environ 2>/dev/null && echo {pid}" for pid in pids
     )
     held = transport.run(script + "; true").stdout.split()
     return [f"{node}: pid {pid} of {deployment} still holds GPU memory" for pid in held]

@@ -14,11 +14,15 @@ from pdctl.remote.hosts import parallel
 from pdctl.topology import Topology
 
 
-def preflight(topo: Topology, to_start: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
-    """Raise LaunchError listing every port in use and every missing GPU among the processes about to start."""
+def preflight(
+    topo: Topology, to_start: Sequence[ProcessSpec], hosts: Mapping[str, Transport], api_key: str | None = None
+) -> None:
+    """Raise LaunchError listing every port in use and every missing GPU among the processes about to start,
+    and a router whose `api_key_env` it would not find (it would refuse to start, or the smoke test get 401)."""
     nodes = sorted({s.node for s in to_start})
     if not nodes:
         return
+    _api_key(topo, to_start, api_key)
     layouts = layouts_from_env()
     want_gpus = topo.engine == "vllm"
 
@@ -46,3 +50,18 @@ def preflight(topo: Topology, to_start: Sequence[ProcessSpec], hosts: Mapping[st
             hint=f"free the ports (a previous deployment? `pdctl down -t <topology>` for {topo.name}) "
             "or change them in the topology",
         )
+
+
+def _api_key(topo: Topology, to_start: Sequence[ProcessSpec], api_key: str | None) -> None:
+    name = topo.router.api_key_env
+    if not name or api_key is not None or not any(s.role == "router" for s in to_start):
+        return
+    node = topo.node(topo.router.node)
+    if node.transport == "local":
+        where = f"neither env.router nor env.all sets {name}, and it is not set where pdctl runs"
+        fix = f"export {name}=<key> before `pdctl up`, or set env.router.{name}"
+    else:
+        where = f"env.router and env.all do not set {name}, and the router on `{node.name}` (ssh) does not get " \
+            "pdctl's own environment"
+        fix = f"set env.router.{name} (its value is shown as *** everywhere)"
+    raise LaunchError(f"router.api_key_env is {name} but the router would get no key: {where}", hint=fix)

@@ -179,9 +179,22 @@ _BY_REASON = {
 _HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"
 
 
-def _auth_headers(topo: Topology) -> dict[str, str]:
+def router_api_key(topo: Topology) -> str | None:
+    """The key the router will require: the topology's env.router (over env.all) sets it in the router's
+    environment; else a router on this machine inherits pdctl's own. None: no key, or none the router would get."""
     import os
 
-    env = topo.router.api_key_env
-    key = os.environ.get(env) if env else None
+    name = topo.router.api_key_env
+    if not name:
+        return None
+    env = {**topo.env.all, **topo.env.router}
+    if name in env:
+        return env[name] or None
+    if topo.node(topo.router.node).transport == "local":
+        return os.environ.get(name) or None
+    return None
+
+
+def _auth_headers(topo: Topology) -> dict[str, str]:
+    key = router_api_key(topo)
     return {"Authorization": f"Bearer {key}"} if key else {}

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from pdctl.errors import LaunchError
+from pdctl.errors import LaunchError, SmokeTestError
+from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
-from pdctl.lifecycle.smoke import SmokeResult, smoke_test
+from pdctl.lifecycle.smoke import SmokeResult, router_api_key, smoke_test
 from pdctl.lifecycle.stop import stop_all
 from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
 from pdctl.nodes import launch, nixl_check
@@ -49,7 +50,11 @@ class UpOptions:
 
 def up(topo: Topology, console: Console, options: UpOptions | None = None) -> Deployment:
     """Bring `topo` up (or verify it is up); progress goes to `console`, the result comes back."""
-    opts = options or UpOptions()
+    with deployment_lock(topo.name, "up"):
+        return _up(topo, console, options or UpOptions())
+
+
+def _up(topo: Topology, console: Console, opts: UpOptions) -> Deployment:
     specs = plan(topo)
     store = StateStore(topo.name)
     state = store.load() or DeploymentState(name=topo.name, topology=topo.name)
@@ -62,7 +67,7 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
         to_start, kept = _decide(topo.name, specs, state, live)
         store.save(state)
         if to_start:
-            preflight(topo, to_start, hosts)
+            preflight(topo, to_start, hosts, router_api_key(topo))
             if opts.provision:
                 from pdctl.nodes.provision import provision
 
@@ -82,11 +87,7 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
             console.print(f"interrupted: what started is recorded; `pdctl down -t <topology>` stops {topo.name}")
             raise
         except LaunchError:
-            if started:
-                console.print(f"[red]launch failed[/]: stopping what this run started ({', '.join(started)})")
-                stop_all(topo, [s for s in specs if s.name in started], hosts, state, console)
-                for name in started:
-                    store.forget(state, name)
+            _stop_started(topo, specs, started, hosts, store, state, console, "launch failed")
             raise
         router_url = router[0].url
         state.router_url = router_url
@@ -94,12 +95,43 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
         result = None
         if opts.smoke:
             console.print("smoke test: two turns through the router")
-            result = smoke_test(topo, router_url)
+            try:
+                result = smoke_test(topo, router_url)
+            except SmokeTestError as exc:
+                # a deployment that failed its check must not stay up for the next `up` to call converged
+                if not started:
+                    raise
+                _stop_started(topo, specs, started, hosts, store, state, console, "smoke test failed")
+                raise SmokeTestError(exc.message, hint=STOPPED_HINT) from None
             state.smoke = result.to_json()
             store.save(state)
             console.print(f"smoke test: turn 1 {result.turn1.kind}, turn 2 [green]{result.turn2.kind}[/] "
                           f"({result.turn2.tokens} tokens reused)")
     return Deployment(topo.name, router_url, dict(state.processes), started, kept, result)
+
+
+STOPPED_HINT = (
+    "what this `up` started is stopped again; the logs stay (`pdctl logs -t <topology> decode-0`); "
+    "`pdctl up --no-smoke-test` starts it without the check, to inspect it running"
+)
+
+
+def _stop_started(
+    topo: Topology,
+    specs: Sequence[ProcessSpec],
+    started: list[str],
+    hosts: Mapping[str, Transport],
+    store: StateStore,
+    state: DeploymentState,
+    console: Console,
+    why: str,
+) -> None:
+    if not started:
+        return
+    console.print(f"[red]{why}[/]: stopping what this run started ({', '.join(started)})")
+    stop_all(topo, [s for s in specs if s.name in started], hosts, state, console)
+    for name in started:
+        store.forget(state, name)
 
 
 def _decide(

@@ -19,6 +19,7 @@ from pdctl.nodes.launch import health, running
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel
+from pdctl.secret import scrub, secret_values
 
 POLL_S = 0.5
 LIVENESS_EVERY = 2
@@ -85,7 +86,7 @@ def _liveness(rows: dict[str, _Row], hosts: Mapping[str, Transport], deployment:
     alive = parallel(nodes, lambda n: running(hosts[n], deployment, n))
     for row in pending:
         transport = hosts[row.spec.node]
-        tail = transport.tail(row.spec.log_path, lines=TAIL_LINES)
+        tail = scrub(transport.tail(row.spec.log_path, lines=TAIL_LINES), secret_values(row.spec.env))
         lines = [ln for ln in tail.splitlines() if ln.strip()]
         row.last_line = lines[-1] if lines else ""
         if row.spec.name not in alive[row.spec.node]:
@@ -100,7 +101,7 @@ def _liveness(rows: dict[str, _Row], hosts: Mapping[str, Transport], deployment:
 def _not_ready(specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport], timeout: float) -> LaunchError:
     parts = []
     for spec in specs:
-        tail = hosts[spec.node].tail(spec.log_path, lines=8).rstrip()
+        tail = scrub(hosts[spec.node].tail(spec.log_path, lines=8).rstrip(), secret_values(spec.env))
         parts.append(f"{spec.name} on {spec.node} ({spec.health_url}):\n{tail}")
     return LaunchError(
         f"not healthy after {timeout:g}s: " + "\n".join(parts),

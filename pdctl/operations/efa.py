@@ -81,9 +81,10 @@ def _install(ctx: Context, version: str) -> Generator[Step, CommandResult | None
     tarball = f"aws-efa-installer-{version}.tar.gz"
     source = efa.installer or URL.format(version=version)
     qwork = expand_home(work)
+    qtar = shlex.quote(tarball)
     if "://" in source:
         yield Run(
-            f"mkdir -p {qwork} && curl -fsSL -o {qwork}/{tarball} {shlex.quote(source)}",
+            f"mkdir -p {qwork} && curl -fsSL -o {qwork}/{qtar} {shlex.quote(source)}",
             f"download {source}",
             timeout=900,
         )
@@ -91,7 +92,7 @@ def _install(ctx: Context, version: str) -> Generator[Step, CommandResult | None
         yield Put(Path(source).expanduser(), f"{work}/{tarball}", f"upload {Path(source).name}")
     check = yield Run(
         f"cd {qwork} && echo {shlex.quote(f'{efa.sha256}  {tarball}')} | sha256sum -c - && "
-        f"rm -rf aws-efa-installer && tar -xzf {tarball}",
+        f"rm -rf aws-efa-installer && tar -xzf {qtar}",
         f"verify sha256 {str(efa.sha256)[:12]}… and unpack",
         check=False,
     )

@@ -45,7 +45,7 @@ def render(command: Command, env: Mapping[str, str] | None = None, sudo: bool = 
     """One shell line for `command`; a leading `~/` in argv items becomes `"$HOME"/`."""
     script = command if isinstance(command, str) else " ".join(expand_home(a) for a in command)
     if env:
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        exports = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         script = f"export {exports}; {script}"
     if sudo:
         script = f"sudo -n sh -c {shlex.quote(script)}"
@@ -104,8 +104,16 @@ class Transport(ABC):
     def start_detached(self, job: DetachedJob) -> Started:
         """Start a long-running process that outlives this connection (systemd unit, else setsid)."""
         from pdctl.remote.procs import parse_started, start_script
+        from pdctl.secret import scrub, secret_values
 
-        res = self.check(start_script(job), timeout=60.0)
+        secrets = secret_values(job.env)
+        try:
+            res = self.check(start_script(job), timeout=60.0)
+        except RemoteCommandError as exc:  # the error shows the script: never with its secrets
+            raise RemoteCommandError(
+                self.name, start_script(job, masked=True), exc.exit_status, scrub(exc.stderr_tail, secrets),
+                scrub(exc.hint, secrets),
+            ) from None
         return parse_started(res.stdout)
 
     def find_by_marker(self, deployment: str, node: str | None = None) -> list[HostProcess]:

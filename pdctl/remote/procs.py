@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pdctl.plan import MARKER
 from pdctl.remote.base import expand_home
+from pdctl.secret import EnvValue, reveal, shown
 
 NODE_VAR = "PDCTL_NODE"
 PROCESS_VAR = "PDCTL_PROCESS"
@@ -25,7 +26,7 @@ class DetachedJob:
 
     unit: str
     argv: tuple[str, ...]
-    env: Mapping[str, str]
+    env: Mapping[str, EnvValue]
     workdir: str
     log_path: str
 
@@ -51,13 +52,14 @@ def unit_name(deployment: str, process: str) -> str:
     return f"pdctl-{deployment}-{process}"
 
 
-def start_script(job: DetachedJob) -> str:
+def start_script(job: DetachedJob, *, masked: bool = False) -> str:
     """Start `job` as a transient systemd unit where systemd is PID 1, else in its own session via setsid.
 
-    Prints `pid <n>` or `unit <name> <main pid>`.
+    Prints `pid <n>` or `unit <name> <main pid>`. `masked`: the script as shown to people, secrets as `***`.
     """
     argv = " ".join(expand_home(a) for a in job.argv)
-    env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in job.env.items())
+    env = {k: shown(v) if masked else reveal(v) for k, v in job.env.items()}
+    env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     return "\n".join(
         [
             f"LOG={expand_home(job.log_path)}; WD={expand_home(job.workdir)}",
@@ -65,10 +67,11 @@ def start_script(job: DetachedJob) -> str:
             'cd "$WD" || exit 3',
             'echo "=== pdctl: starting at $(date -u +%FT%TZ) ===" >> "$LOG" || exit 3',
             f"if [ -d {SYSTEMD_DIR} ] && command -v systemd-run >/dev/null 2>&1; then",
-            systemd_script(job.unit, job.env, argv),
+            systemd_script(job.unit, env, argv),
             "else",
             '  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true',  # a login shell's 1024 fds is too few for a server
-            f"  env {env_args} setsid {argv} >> \"$LOG\" 2>&1 < /dev/null &",
+            # `--`: a key can never become an option of env (`-S ...` would run a command)
+            f"  env -- {env_args} setsid {argv} >> \"$LOG\" 2>&1 < /dev/null &",
             '  echo "pid $!"',
             "fi",
         ]
@@ -79,6 +82,7 @@ def systemd_script(unit: str, env: Mapping[str, str], argv: str) -> str:
     """The systemd branch of `start_script`: memlock unlimited (EFA registers GPU memory), a large open-file
     limit (the router and engines hold one fd per client connection), runs as the user."""
     setenv = " ".join(shlex.quote(f"--setenv={k}={v}") for k, v in env.items())
+    unit = shlex.quote(unit)
     return "\n".join(
         [
             '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',

@@ -15,6 +15,13 @@ Modules, one concept each:
     prefill       the prefill hop (with its retry as a miss)
     decode        the decode hop: stream through, capture the new handle, strip internals
     proxy         one completion request, start to end
+    batches       a list of prompts (one flow each) and n > 1 (a decode alone)
+    identity      conversation ids from the headers agent tools send
+    chatstream    a chat answer as neutral events (whole and streamed alike)
+    translated    the ASGI send that renders a chat answer in another API's shape
+    responses     POST /v1/responses (responses_in, responses_out, response_store)
+    messages      POST /v1/messages (messages_in, messages_out; apishape: Anthropic's error shape)
+    passthrough   stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}
     app           the ASGI stack and its lifespan
     listener      the client-facing HTTP protocol: head deadline (408), header limits (431), connection cap
     serve         `pdctl router serve`: config -> uvicorn

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdctl.errors import UsageError
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime
+from pdctl.router.identity import DEFAULT_HEADERS
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,7 @@ class RouterConfig:
     block_size: int = 16
     handle_ttl: float = 450.0
     decoder_kv_blocks_ttl: float = 480.0
-    expiry_margin: float = 10.0
+    expiry_margin: float = ROUTER_EXPIRY_MARGIN_S
     verify_prefix: bool = True
     partial_reuse: bool = True
     local_prefill_tokens: int = 0
@@ -39,6 +41,7 @@ class RouterConfig:
     max_client_connections: int = 0  # 0: half the router's open-file limit
     max_header_bytes: int = 64 * 1024
     max_headers: int = 256
+    conversation_headers: tuple[str, ...] = DEFAULT_HEADERS
 
     def __post_init__(self) -> None:
         problems = []
@@ -50,7 +53,12 @@ class RouterConfig:
             problems.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.handle_ttl <= 0:
             problems.append(f"--handle-ttl must be > 0, got {self.handle_ttl:g}")
-        if self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
+        if self.expiry_margin < ENGINE_EXPIRY_MARGIN_S:
+            problems.append(
+                f"--expiry-margin ({self.expiry_margin:g}s) must be at least the engine's own "
+                f"{ENGINE_EXPIRY_MARGIN_S:g}s (vLLM's prefill declines reads of a handle that close to expiry)"
+            )
+        elif self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
             problems.append(
                 f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
                 f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"
@@ -70,10 +78,13 @@ class RouterConfig:
         for url in (*self.prefill, *self.decode):
             if not url.startswith(("http://", "https://")):
                 problems.append(f"upstream URL {url!r} must start with http:// or https://")
+        for name in self.conversation_headers:
+            if not name or not all(c.isalnum() or c in "-_" for c in name):
+                problems.append(f"--conversation-header {name!r} is not an HTTP header name")
         if problems:
             raise UsageError("invalid router options: " + "; ".join(problems), hint="see `pdctl router serve --help`")
 
     @property
     def handle_lifetime(self) -> float:
         """Seconds a handle stays usable after the router received it, by the router's own clock."""
-        return min(self.handle_ttl, self.decoder_kv_blocks_ttl - self.expiry_margin)
+        return handle_lifetime(self.handle_ttl, self.decoder_kv_blocks_ttl, self.expiry_margin)

@@ -1,7 +1,8 @@
 """Small stateless ASGI middlewares; per-request state lives inside `__call__`.
 
 RequestId   gives every request an id, echoed as `X-Request-Id` and counted by route and status
-ApiKey      `Authorization: Bearer <key>` on everything but /health, when a key is configured
+ApiKey      `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on everything but /health, when a key
+            is configured
 JsonBody    POST bodies: JSON content type (415), read within a deadline (408), size limit (413), a JSON
             object no deeper than MAX_DEPTH (400), client `kv_transfer_params` removed, `conversation_id`
             taken out; the parsed body is left in scope["pdctl.body"]
@@ -24,7 +25,9 @@ from pdctl.router.metrics import RouterMetrics
 
 log = logging.getLogger("pdctl.router")
 
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/stats"})
+ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/stats",
+                    "/v1/responses", "/v1/messages", "/tokenize", "/detokenize", "/version", "/v1/embeddings",
+                    "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"})
 
 
 class RequestId:
@@ -64,8 +67,11 @@ class ApiKey:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if not given:
+            given = b"Bearer " + next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
         if not hmac.compare_digest(given, self.expected):
-            await send_error(send, 401, "missing or invalid API key: send `Authorization: Bearer <key>`",
+            await send_error(send, 401, "missing or invalid API key: send `Authorization: Bearer <key>` "
+                             "(or `x-api-key: <key>`)",
                              headers=[(b"www-authenticate", b"Bearer")])
             return
         await self.app(scope, receive, send)

@@ -39,8 +39,8 @@ def _header(scope: Scope, names: tuple[bytes, ...]) -> dict[str, str]:
 def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
     """Why the router refuses this request before any engine sees it, or None.
 
-    One conversation turn maps to one prefill and one decode, so several choices (`n`, `best_of`) or several
-    completion prompts in one request are refused here rather than half-run (a prefill that leased blocks).
+    One conversation turn maps to one prefill and one decode: batches.py serves several choices (`n`, `best_of`)
+    and prompt lists before this; any that still reach here (another front) are refused rather than half-run.
     """
     if chat and not (isinstance(body.get("messages"), list) and body["messages"]):
         return "`messages` must be a non-empty list"
@@ -57,9 +57,10 @@ def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
 
 
 def owner(scope: Scope, body: dict[str, Any]) -> str:
-    """Whose conversations these are: the client's credentials and its `cache_salt`. Handles and derived
-    conversations never cross owners, so nobody learns or spends another's KV by knowing its conversation id."""
-    auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    """Whose conversations these are: the client's credentials (`Authorization`, Anthropic's `x-api-key`) and its
+    `cache_salt`. Handles and derived conversations never cross owners, so nobody learns or spends another's KV by
+    knowing its conversation id."""
+    auth = b"\0".join(v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key"))
     salt = body.get("cache_salt")
     if not auth and salt is None:
         return ""
@@ -77,6 +78,9 @@ def conversation(
     """The conversation id (None: this request cannot take part in reuse) and, if derived, its derivation."""
     if (body.get("n") or 1) != 1 or (body.get("best_of") or 1) != 1:
         return None, None
+    pinned = scope.get("pdctl.conversation")
+    if isinstance(pinned, str):  # already resolved by an agent-API front (a Responses previous_response_id)
+        return pinned, None
     who = owner(scope, body)
     given = explicit_id(scope.get("pdctl.cid"), _header(scope, (b"x-conversation-id", b"x-session-id")))
     if given is not None:
@@ -152,6 +156,7 @@ async def _completion(state: RouterState, scope: Scope, receive: Receive, send: 
         await send_error(send, 400, problem)
         return
     cid, derivation = conversation(state, scope, chat, body)
+    scope["pdctl.conversation"] = cid
     if not state.prefill.healthy() or not state.decode.healthy():
         await send_error(send, 503, _unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return

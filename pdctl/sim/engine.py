@@ -40,6 +40,7 @@ class GenRequest:
     max_tokens: int
     kv_params: dict[str, Any] | None = None
     thinking: bool = False
+    output: list[int] | None = None  # what the model writes, when the request decides it (a tool call, sample i)
 
 
 @dataclass
@@ -152,7 +153,7 @@ class Engine:
         n, m = len(T), req.max_tokens
         params = req.kv_params or {}
         is_p, is_d = bool(params.get("do_remote_decode")), bool(params.get("do_remote_prefill"))
-        output = generate(T, m, req.thinking)
+        output = list(req.output[:m]) if req.output is not None else generate(T, m, req.thinking)
         seq = T + output[:-1]
         hit_ids = pool.lookup_prefix(T, n - 1)
         try:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pdctl.sim.engine import EngineError
 from pdctl.sim.tokenizer import decode, decode_piece, encode, render_chat
+from pdctl.sim.tools import ToolCall, decide
 
 FINGERPRINT = "vllm-0.26.0-pdctl-sim"
 # Without max_tokens the simulator stops as if it sampled EOS after this many tokens.
@@ -40,6 +41,8 @@ class Parsed:
     return_token_ids: bool
     kv_params: dict[str, Any] | None
     thinking: bool
+    n: int = 1
+    tool: ToolCall | None = None
 
 
 def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int) -> Parsed:
@@ -66,9 +69,9 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int) ->
     if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
         raise EngineError(400, f"min_tokens must be between 0 and max_tokens={max_tokens}, got {min_tokens}.",
                           "BadRequestError", "min_tokens")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise EngineError(400, "The simulator serves n=1 only.", "BadRequestError", "n")
+    n = body.get("n", 1) or 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
+        raise EngineError(400, f"n must be an integer from 1 to 16, got {n!r}.", "BadRequestError", "n")
     if len(prompt) + max_tokens > max_model_len:
         total = len(prompt) + max_tokens
         raise EngineError(
@@ -84,9 +87,10 @@ def parse(body: Any, chat: bool, served: tuple[str, ...], max_model_len: int) ->
         raise validation_error("kv_transfer_params", "dict_type", "Input should be a valid dictionary", kv)
     options = body.get("stream_options") or {}
     kwargs = body.get("chat_template_kwargs") or {}
+    tool = decide(body, prompt, max_tokens) if chat and n == 1 else None
     return Parsed(
-        chat=chat, model=model, prompt=prompt, max_tokens=max_tokens,
-        finish_reason="length" if raw_max is not None else "stop",
+        chat=chat, model=model, prompt=prompt, max_tokens=max_tokens, n=n, tool=tool,
+        finish_reason="tool_calls" if tool else "length" if raw_max is not None else "stop",
         stream=bool(body.get("stream", False)),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         return_token_ids=bool(body.get("return_token_ids", False)),
@@ -140,29 +144,34 @@ def usage(prompt: int, completion: int) -> dict[str, Any]:
             "prompt_tokens_details": None}
 
 
-def full_body(p: Parsed, rid: str, model: str, output: list[int], kv: dict[str, Any] | None) -> dict[str, Any]:
-    text = decode(output)
-    tids = output if p.return_token_ids else None
+def full_body(p: Parsed, rid: str, model: str, outputs: list[list[int]], kv: dict[str, Any] | None) -> dict[str, Any]:
+    """The whole response; `outputs` holds one token list per choice (n of them)."""
     pids = p.prompt if p.return_token_ids else None
     base = {"id": rid, "object": "chat.completion" if p.chat else "text_completion", "created": int(time.time()),
             "model": model}
-    if p.chat:
-        message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-                   "function_call": None, "tool_calls": [], "reasoning": None}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": p.finish_reason,
-                  "stop_reason": None, "token_ids": tids}
-        extra = {"prompt_logprobs": None, "prompt_token_ids": pids}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": p.finish_reason, "stop_reason": None,
-                  "token_ids": tids, "prompt_logprobs": None, "prompt_token_ids": pids, "routed_experts": None}
-        extra = {}
-    return {**base, "choices": [choice], "service_tier": None, "system_fingerprint": FINGERPRINT,
-            "usage": usage(len(p.prompt), len(output)), **extra, "kv_transfer_params": kv,
+    choices = []
+    for i, output in enumerate(outputs):
+        text = decode(output)
+        tids = output if p.return_token_ids else None
+        if p.chat:
+            calls = [p.tool.openai()] if p.tool else []
+            message = {"role": "assistant", "content": None if p.tool else text, "refusal": None,
+                       "annotations": None, "audio": None, "function_call": None, "tool_calls": calls,
+                       "reasoning": None}
+            choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": p.finish_reason,
+                            "stop_reason": None, "token_ids": tids})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": p.finish_reason,
+                            "stop_reason": None, "token_ids": tids, "prompt_logprobs": None,
+                            "prompt_token_ids": pids, "routed_experts": None})
+    extra = {"prompt_logprobs": None, "prompt_token_ids": pids} if p.chat else {}
+    return {**base, "choices": choices, "service_tier": None, "system_fingerprint": FINGERPRINT,
+            "usage": usage(len(p.prompt), sum(len(o) for o in outputs)), **extra, "kv_transfer_params": kv,
             "ec_transfer_params": None, "metrics": None}
 
 
 def chunk(p: Parsed, rid: str, created: int, model: str, token: int | None, first: bool, final: bool,
-          kv: dict[str, Any] | None = None) -> dict[str, Any]:
+          kv: dict[str, Any] | None = None, index: int = 0, delta: dict[str, Any] | None = None) -> dict[str, Any]:
     """One SSE chunk; the final one (finish_reason set) carries kv_transfer_params, as vLLM 0.33 does."""
     finish = p.finish_reason if final else None
     tids = [token] if p.return_token_ids and token is not None else None
@@ -170,13 +179,14 @@ def chunk(p: Parsed, rid: str, created: int, model: str, token: int | None, firs
                            "created": created, "model": model}
     piece = decode_piece(token) if token is not None else ""
     if p.chat:
-        delta = {"role": "assistant", "content": ""} if token is None else {"content": piece}
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+        if delta is None:
+            delta = {"role": "assistant", "content": ""} if token is None else {"content": piece}
+        out["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish,
                            "stop_reason": None, "token_ids": tids}]
         if first and p.return_token_ids:
             out["prompt_token_ids"] = p.prompt
     else:
-        out["choices"] = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish,
+        out["choices"] = [{"index": index, "text": piece, "logprobs": None, "finish_reason": finish,
                            "stop_reason": None,
                            "prompt_token_ids": p.prompt if first and p.return_token_ids else None,
                            "token_ids": tids}]

@@ -22,12 +22,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pdctl.sim import protocol
+from pdctl.sim import agentapi, protocol
 from pdctl.sim.config import SimConfig
 from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
-from pdctl.sim.tokenizer import decode_piece, token_str
+from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
@@ -36,6 +36,14 @@ T = TypeVar("T")
 
 def _error(e: EngineError) -> JSONResponse:
     return JSONResponse(protocol.error_body(e.status, e.message, e.err_type, e.param), status_code=e.status)
+
+
+async def _not_found(_: Request, __: Exception) -> JSONResponse:
+    return JSONResponse({"detail": "Not Found"}, status_code=404)  # FastAPI's answer for a route vLLM lacks
+
+
+async def _not_allowed(_: Request, __: Exception) -> JSONResponse:
+    return JSONResponse({"detail": "Method Not Allowed"}, status_code=405)
 
 
 class SimServer:
@@ -50,9 +58,12 @@ class SimServer:
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/tokenize", self.tokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
             Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
-        ])
+        ], exception_handlers={404: _not_found, 405: _not_allowed})
         self.side = Starlette(routes=[
             Route("/handshake", self.handshake), Route("/read", self.side_read, methods=["POST"]),
             Route("/notify", self.side_notify, methods=["POST"]),
@@ -89,6 +100,16 @@ class SimServer:
         return JSONResponse({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
                              "token_strs": [token_str(i) for i in ids]})
 
+    async def detokenize(self, request: Request) -> JSONResponse:
+        try:
+            body = await self._json(request)
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+                raise protocol.validation_error("tokens", "list_type", "Input should be a valid list", tokens)
+        except EngineError as e:
+            return _error(e)
+        return JSONResponse({"prompt": decode(tokens).lstrip(" ")})
+
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
 
@@ -117,14 +138,18 @@ class SimServer:
                                   "(--poison-marker)", "InternalServerError")
             p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
             rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
-            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking))
+            if p.n > 1:
+                return await self._samples(p, rid, internal)
+            forced = p.tool.ids if p.tool else None
+            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced))
             run = await _unless_gone(request, start)
         except EngineError as e:
             return _error(e)
         except _ClientGone:
             return Response(status_code=499)
         if p.stream:
-            return StreamingResponse(self._stream(p, rid, run), media_type="text/event-stream")
+            stream = self._stream(p, rid, run) if p.tool is None else self._stream_slow(p, rid, [run])
+            return StreamingResponse(stream, media_type="text/event-stream")
         try:
             output = await _unless_gone(request, _collect(run))
             kv = run.finish()
@@ -133,7 +158,104 @@ class SimServer:
         finally:
             run.abort()
         self._count_finished()
-        return JSONResponse(protocol.full_body(p, rid, p.model, output, kv))
+        return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv))
+
+    async def responses(self, request: Request) -> Response:
+        return await self._agent(request, anthropic=False)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._agent(request, anthropic=True)
+
+    async def _agent(self, request: Request, anthropic: bool) -> Response:
+        """/v1/responses and /v1/messages: the request through the chat template, the answer in the API's shape."""
+        try:
+            body = await self._json(request)
+            chat = agentapi.messages_chat(body) if anthropic else agentapi.responses_chat(body)
+            p = protocol.parse(chat, True, self.served_names, self.cfg.max_model_len)
+            rid, internal = protocol.new_ids(True, request.headers.get("x-request-id"))
+            rid = rid.replace("chatcmpl-", "resp_")
+            run = await self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking,
+                                                     p.tool.ids if p.tool else None))
+        except EngineError as e:
+            if anthropic:
+                kind = {404: "not_found_error"}.get(e.status, "invalid_request_error")
+                return JSONResponse({"type": "error", "error": {"type": kind, "message": e.message}},
+                                    status_code=e.status)
+            return _error(e)
+        if p.stream:
+            async def tokens() -> AsyncIterator[int]:
+                async for t in run.tokens():
+                    yield t
+                run.finish()
+
+            async def events() -> AsyncIterator[str]:
+                try:
+                    stream = agentapi.message_events(p, tokens()) if anthropic else \
+                        agentapi.response_events(p, rid, tokens())
+                    async for e in stream:
+                        yield e
+                finally:
+                    run.abort()
+                self._count_finished()
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        try:
+            output = [t async for t in run.tokens()]
+            kv = run.finish()
+        finally:
+            run.abort()
+        self._count_finished()
+        if anthropic:
+            return JSONResponse(agentapi.message_object(p, output, kv))
+        return JSONResponse(agentapi.response_object(p, rid, output))
+
+    async def _samples(self, p: protocol.Parsed, rid: str, internal: str) -> Response:
+        """n > 1: one run per sample, sample i > 0 writing its own tokens (vLLM fans out child requests)."""
+        runs: list[Run] = []
+        try:
+            for i in range(p.n):
+                forced = generate([*p.prompt, i], p.max_tokens) if i else None
+                runs.append(await self.engine.start(GenRequest(f"{internal}-{i}", p.prompt, p.max_tokens,
+                                                               p.kv_params, p.thinking, forced)))
+        except BaseException:
+            for run in runs:
+                run.abort()
+            raise
+        if p.stream:
+            return StreamingResponse(self._stream_slow(p, rid, runs), media_type="text/event-stream")
+        try:
+            outputs = [[t async for t in run.tokens()] for run in runs]
+            for run in runs:
+                run.finish()
+        finally:
+            for run in runs:
+                run.abort()
+        self._count_finished()
+        return JSONResponse(protocol.full_body(p, rid, p.model, outputs, None))
+
+    async def _stream_slow(self, p: protocol.Parsed, rid: str, runs: list[Run]) -> AsyncIterator[str]:
+        """Token by token without the fast path's template: tool calls and n > 1 (choice after choice)."""
+        created = int(time.time())
+        try:
+            for index, run in enumerate(runs):
+                last = len(run.output) - 1
+                if p.chat:
+                    yield sse(protocol.chunk(p, rid, created, p.model, None, first=True, final=False, index=index))
+                i = 0
+                async for token in run.tokens():
+                    kv = run.finish() if i == last else None
+                    delta = p.tool.delta(i) if p.tool else None
+                    yield sse(protocol.chunk(p, rid, created, p.model, token, first=i == 0 and not p.chat,
+                                             final=i == last, kv=kv if self.cfg.stream_kv_params else None,
+                                             index=index, delta=delta))
+                    i += 1
+            if p.include_usage:
+                yield sse(protocol.usage_chunk(p, rid, created, p.model, sum(len(r.output) for r in runs)))
+            yield "data: [DONE]\n\n"
+        finally:
+            for run in runs:
+                run.abort()
+        self._count_finished()
 
     async def _stream(self, p: protocol.Parsed, rid: str, run: Run) -> AsyncIterator[str]:
         created = int(time.time())

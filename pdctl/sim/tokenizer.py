@@ -16,8 +16,10 @@ from typing import Any
 VOCAB_SIZE = 151936
 ENDOFTEXT, IM_START, IM_END = 151643, 151644, 151645
 THINK_START, THINK_END = 151667, 151668
+TOOL_CALL_START, TOOL_CALL_END = 151657, 151658
 SPECIALS = {"<|endoftext|>": ENDOFTEXT, "<|im_start|>": IM_START, "<|im_end|>": IM_END,
-            "<think>": THINK_START, "</think>": THINK_END}
+            "<think>": THINK_START, "</think>": THINK_END, "<tool_call>": TOOL_CALL_START,
+            "</tool_call>": TOOL_CALL_END}
 SPECIAL_TEXT = {i: t for t, i in SPECIALS.items()}
 # Ids drawn for generated words stay clear of the specials and of small ids that prompts tend to use.
 GEN_LOW, GEN_HIGH = 1000, 150000
@@ -59,13 +61,23 @@ def decode(ids: Iterable[int]) -> str:
     return "".join(decode_piece(i) for i in ids)
 
 
+def tool_call_ids(name: str, arguments: str) -> list[int]:
+    """A tool call as the model writes it (hermes style): `<tool_call> name arguments </tool_call>`."""
+    return [TOOL_CALL_START, *encode(name), *encode(arguments), TOOL_CALL_END]
+
+
 def render_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-    """ChatML as ids: `<|im_start|> role content <|im_end|>` per message, then `<|im_start|> assistant`."""
+    """ChatML as ids: `<|im_start|> role content [tool calls] <|im_end|>` per message, then
+    `<|im_start|> assistant`."""
     ids: list[int] = []
     for message in messages:
         ids.append(IM_START)
         ids.extend(encode(str(message.get("role", ""))))
         ids.extend(encode(content_text(message.get("content"))))
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                ids.extend(tool_call_ids(str(fn.get("name", "")), str(fn.get("arguments", ""))))
         ids.append(IM_END)
     if add_generation_prompt:
         ids.append(IM_START)

@@ -32,7 +32,7 @@ def test_leg_syntax() -> None:
     ("args", "message"),
     [
         (["--lengths", "2k"], "--lengths '2k' is not a list of integers"),
-        (["--api", "grpc"], "--api 'grpc' is not chat or completions"),
+        (["--api", "grpc"], "--api 'grpc' is not chat, completions, responses or messages"),
         (["--turns", "0"], "--turns must be at least 1"),
         (["--leg", "bad name:x=1"], "bad leg name"),
         (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),

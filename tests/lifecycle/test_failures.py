@@ -81,7 +81,22 @@ def test_smoke_test_fails_loudly_when_turn_two_does_not_reuse(make_topo: MakeTop
     for cause in ("flags differ between prefill and decode", "no kv_transfer_params in streaming",
                   "side channel is unreachable"):
         assert cause in message
-    assert "`pdctl down` stops it" in info.value.hint
+    assert info.value.hint == (
+        "what this `up` started is stopped again; the logs stay (`pdctl logs -t <topology> decode-0`); "
+        "`pdctl up --no-smoke-test` starts it without the check, to inspect it running"
+    )
+    # nothing is left for the next `up` to call converged: it starts everything again, and checks again
+    assert LocalTransport().find_by_marker(topo.name) == []
+    state = StateStore(topo.name).load()
+    assert state is not None and state.processes == {}
+
+
+def test_smoke_failure_on_a_running_deployment_leaves_it_running(make_topo: MakeTopo, console: Console) -> None:
+    topo = make_topo(extra_yaml="extra_args: {decode: [--no-stream-kv-params]}\n")
+    up(topo, console, UpOptions(provision=False, smoke=False))
+    with pytest.raises(SmokeTestError) as info:
+        up(topo, console, UpOptions(provision=False))
+    assert "`pdctl down` stops it" in info.value.hint  # this `up` started nothing, so it stops nothing
     assert len(LocalTransport().find_by_marker(topo.name)) >= 3
 
 

@@ -127,3 +127,12 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
         load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024", "router.verify_prefix=false"])
+
+
+def test_conversation_headers_reach_the_router_in_order() -> None:
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--conversation-header" not in router.argv  # the router's own default list
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.conversation_headers=[X-Thread, X-Session-ID]"]),
+                        SELF_PYTHON)
+    given = [router.argv[i + 1] for i, a in enumerate(router.argv) if a == "--conversation-header"]
+    assert given == ["X-Thread", "X-Session-ID"]

@@ -31,7 +31,7 @@ def test_setsid_branch_detaches_and_prints_the_pid() -> None:
     script = start_script(_job())
     assert '  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true' in script.splitlines()
     line = next(x for x in script.splitlines() if " setsid " in x)
-    assert line.strip().startswith("env PDCTL_DEPLOYMENT=demo FI_PROVIDER=efa 'X=two words' setsid ")
+    assert line.strip().startswith("env -- PDCTL_DEPLOYMENT=demo FI_PROVIDER=efa 'X=two words' setsid ")
     assert line.strip().endswith('>> "$LOG" 2>&1 < /dev/null &')
 
 

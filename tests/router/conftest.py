@@ -89,3 +89,16 @@ def pd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimPair]:
 def router(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
     with router_process(tmp_path_factory.mktemp("router"), [pd.prefill_url], [pd.decode_url]) as r:
         yield r
+
+
+AGENT_KEY = "agent-key-" + os.urandom(6).hex()
+
+
+@pytest.fixture(scope="session")
+def agent_router(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
+    """A router with an API key, a small body limit and its own conversation header (the agent-API tests)."""
+    with router_process(tmp_path_factory.mktemp("agents"), [pd.prefill_url], [pd.decode_url],
+                        "--api-key-env", "PDCTL_TEST_AGENT_KEY", "--max-body-bytes", "20000",
+                        "--conversation-header", "X-My-Conversation", "--conversation-header", "X-Session-ID",
+                        env={"PDCTL_TEST_AGENT_KEY": AGENT_KEY}, name="agents") as r:
+        yield r

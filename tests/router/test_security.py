@@ -148,21 +148,6 @@ def test_relayed_engine_errors_carry_no_router_internals(router: RouterProc) -> 
     assert b"remote_" not in r.content and b"'input': <omitted>" in r.content
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    ({"n": 2}, "`n` must be 1 (got 2): send one request per choice"),
-    ({"best_of": 3}, "`best_of` must be 1 (got 3)"),
-    ({"prompt": ["one prompt", "another"]}, "`prompt` is a list of 2 prompts: send one prompt per request"),
-])
-def test_several_choices_or_prompts_are_refused_before_any_engine_work(
-    router: RouterProc, pd: SimPair, extra: dict[str, object], words: str,
-) -> None:
-    before = [pd.prefill.metric("vllm:prompt_tokens_total"), pd.decode.metric("vllm:prompt_tokens_total")]
-    body = {"model": "Qwen", "prompt": "hello there", "max_tokens": 2, **extra}
-    assert_error(httpx.post(router.url + "/v1/completions", json=body, timeout=30), 400, words)
-    after = [pd.prefill.metric("vllm:prompt_tokens_total"), pd.decode.metric("vllm:prompt_tokens_total")]
-    assert after == before
-
-
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"])
 def test_non_json_content_types_are_415(router: RouterProc, ctype: str) -> None:
     r = httpx.post(router.url + "/v1/completions", content=b'{"model": "Qwen", "prompt": "hi"}', timeout=30,

@@ -1,0 +1,53 @@
+"""Errors in Anthropic's shape on /v1/messages: `{"type": "error", "error": {"type": ..., "message": ...}}`.
+
+Everything the router answers with an error there (its own 401/413/400s, refusals, a relayed engine 4xx, a 502)
+is first written in OpenAI's shape by the shared code; this middleware rewrites the body on that route only.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from pdctl.router import jsonx
+from pdctl.router.translated import error_parts
+
+ANTHROPIC_PATHS = ("/v1/messages",)
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+          503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return jsonx.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+class AnthropicErrors:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in ANTHROPIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def reshape(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None or message["type"] != "http.response.body":
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = anthropic_error(start["status"], error_parts(b"".join(chunks))[0])
+            headers = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-length", b"content-type")]
+            await send({"type": "http.response.start", "status": start["status"], "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, reshape)

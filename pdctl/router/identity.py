@@ -1,0 +1,32 @@
+"""Conversation identity from the headers agent tools send, in a configured order of precedence.
+
+The body's `conversation_id` wins (JsonBody takes it out); else the first of `router.conversation_headers` that
+the request carries. A Responses `previous_response_id` sits between the two (responses.py), and a request with
+none of them is matched to a conversation from its own history (conversation.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+DEFAULT_HEADERS = ("x-conversation-id", "x-session-id", "x-litellm-session-id", "x-session-affinity",
+                   "x-correlation-id")
+
+
+class ConversationHeaders:
+    def __init__(self, app: ASGIApp, names: Sequence[str]) -> None:
+        self.app = app
+        self.names = [n.strip().lower().encode("latin-1") for n in names]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "pdctl.body" in scope:
+            if scope.get("pdctl.cid") is not None:
+                scope["pdctl.cid_in_body"] = True
+            else:
+                given = {k: v for k, v in reversed(scope["headers"])}  # the first of repeated headers wins
+                value = next((given[n] for n in self.names if given.get(n)), None)
+                if value is not None:
+                    scope["pdctl.cid"] = value.decode("latin-1")
+        await self.app(scope, receive, send)
