@@ -57,9 +57,10 @@ def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
 
 
 def owner(scope: Scope, body: dict[str, Any]) -> str:
-    """Whose conversations these are: the client's credentials and its `cache_salt`. Handles and derived
-    conversations never cross owners, so nobody learns or spends another's KV by knowing its conversation id."""
-    auth = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    """Whose conversations these are: the client's credentials (`Authorization`, Anthropic's `x-api-key`) and its
+    `cache_salt`. Handles and derived conversations never cross owners, so nobody learns or spends another's KV by
+    knowing its conversation id."""
+    auth = b"\0".join(v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key"))
     salt = body.get("cache_salt")
     if not auth and salt is None:
         return ""
