@@ -133,7 +133,7 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -
 
 async def completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
     """Serve one completion request; everything it started upstream is cancelled if its client leaves."""
-    if await cancel_on_disconnect(receive, _completion(state, scope, receive, send, chat)):
+    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, scope, receive, out, chat)):
         log.info("[%s] client disconnected; its upstream work was cancelled", scope.get("pdctl.rid", "-"))
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
-from tests.router.conftest import router_process
+from tests.router.conftest import RouterProc, router_process
 from tests.router.faults import eventually
+from tests.router.talk import Conversation
 from tests.support.sim_procs import SimProc, sim_pair
 
 RUNNING = "vllm:num_requests_running"
@@ -54,3 +58,24 @@ def test_a_queued_request_whose_client_left_never_reaches_an_engine(tmp_path: Pa
             holder.result()
         assert eventually(lambda: idle(pair.prefill, pair.decode), within=5)
         assert pair.prefill.metric("vllm:prompt_tokens_total") == prompts  # the queued one was never prefilled
+
+
+def test_a_client_that_hangs_up_right_after_the_last_byte_still_gets_its_next_turn_reused(
+    router: RouterProc,
+) -> None:
+    # uvicorn reports a finished response as disconnected: the router must still store the turn's new handle.
+    host, port = router.url.removeprefix("http://").split(":")
+    convs = [Conversation(router.url, False, True, "body", uuid.uuid4().hex) for _ in range(20)]
+    for conv in convs:
+        body = conv.body("a first turn of some length " * 6)
+        payload = json.dumps(body).encode()
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+            raw = b""
+            while b"data: [DONE]" not in raw:
+                raw += s.recv(65536)
+        text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in raw.decode().split("\n")
+                       if line.startswith("data: {"))
+        conv.accept(body, text)
+    assert [conv.turn(" second").reason for conv in convs] == ["verified"] * 20
