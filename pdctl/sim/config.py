@@ -56,6 +56,8 @@ class SimConfig:
     fail_kv_reads: int = 0
     die_after: int = 0
     extra_latency_ms: float = 0.0
+    poison_marker: str | None = None
+    kv_pull_delay_ms: float = 0.0
     stream_kv_params: bool = True
     api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
@@ -119,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--die-after", type=int, default=0, help="fault: exit after serving N generation requests")
     s.add_argument("--extra-latency-ms", type=float, default=0.0, help="fault: add this to every request")
     s.add_argument("--api-key", default=None, help="require this Bearer token on /v1 routes (or VLLM_API_KEY)")
+    s.add_argument("--poison-marker", default=None,
+                   help="fault: a request whose body contains this text fails with HTTP 500 (a poison prompt)")
+    s.add_argument("--kv-pull-delay-ms", type=float, default=0.0,
+                   help="fault: wait this many wall-clock ms before each remote KV read (a busy engine)")
     s.add_argument("--stream-kv-params", action=argparse.BooleanOptionalAction, default=True,
                    help="put kv_transfer_params in a stream's final chunk; --no-stream-kv-params: as vLLM < 0.33 "
                    "without pdctl's patch")
@@ -165,6 +171,8 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         fail_kv_reads=args.fail_kv_reads,
         die_after=args.die_after,
         extra_latency_ms=args.extra_latency_ms,
+        poison_marker=args.poison_marker or None,
+        kv_pull_delay_ms=args.kv_pull_delay_ms,
         stream_kv_params=args.stream_kv_params,
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),

@@ -83,6 +83,7 @@ class Run:
     def abort(self) -> None:
         if not self.closed:
             self.closed = True
+            self.engine.metrics.lab(self.engine.metrics.aborted).inc()
             self.engine.pool.free_blocks(self.block_ids)
             self.engine.release_slot()
 
@@ -203,6 +204,8 @@ class Engine:
             asyncio.get_running_loop().create_task(self.reader.notify(params))
             return 0, 0.0, seq
         k = pool.blocks_for(limit) - hit_blocks
+        if cfg.kv_pull_delay_ms:
+            await asyncio.sleep(cfg.kv_pull_delay_ms / 1000)
         try:
             if d2p and await self.reader.expired(params):
                 raise ReadFailed("expired handle")
