@@ -80,11 +80,22 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
 @app.command()
 def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
-    specs = call(lambda: make_plan(load_topology(topology, overrides)))
+    topo = call(lambda: load_topology(topology, overrides))
+    if topo.slurm is not None:
+        from pdctl.slurm.commands import planned_topology
+
+        topo = planned_topology(topo)
+    specs = call(lambda: make_plan(topo))
     if as_json:
         print(plan_json(specs))
-    else:
-        render_plan(specs, out)
+        return
+    if topo.slurm is not None:
+        from pdctl.slurm.commands import plan_lines
+
+        out.print("[bold]slurm[/]: the holder job, then one step per process", highlight=False)
+        for line in plan_lines(topo, [(s.name, s.node) for s in specs]):
+            out.print(line, highlight=False, markup=False, soft_wrap=True)
+    render_plan(specs, out)
 
 
 # Each area registers its commands from its own module (one line each, keep alphabetical).

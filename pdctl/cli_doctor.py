@@ -31,8 +31,9 @@ def doctor_command(
 
     def run() -> DoctorReport:
         from pdctl.remote.hosts import reachable
+        from pdctl.slurm.allocation import bound
 
-        topo = load_topology(topology, overrides)
+        topo = bound(load_topology(topology, overrides))
         options = SshOptions.from_env(accept_new_host_keys=accept_new_host_keys or None)
         with reachable(topo.nodes, options) as (hosts, failed):
             report = doctor(topo, hosts)

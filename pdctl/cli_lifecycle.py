@@ -131,9 +131,10 @@ def logs(
     """Print the log of one process (default: every process, the last lines of each)."""
     from pdctl.plan import plan
     from pdctl.remote.hosts import connected
+    from pdctl.slurm.allocation import bound
 
     def run() -> None:
-        topo = load_topology(topology, overrides)
+        topo = bound(load_topology(topology, overrides))
         specs = plan(topo)
         chosen = [s for s in specs if process is None or s.name == process]
         if not chosen:

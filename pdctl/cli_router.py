@@ -56,6 +56,20 @@ def serve(
     eject_after: Annotated[int, typer.Option(help="Consecutive failures that eject an upstream.")] = 3,
     load_factor: Annotated[float, typer.Option(help="Bounded-load cap, x the mean outstanding requests.")] = 1.25,
     request_timeout: Annotated[float, typer.Option(help="Seconds an upstream may take to answer.")] = 600.0,
+    health_timeout: Annotated[
+        float, typer.Option(help="Seconds a health check waits; a timeout never ejects a role's last instance.")
+    ] = 5.0,
+    max_inflight_per_instance: Annotated[
+        int, typer.Option(help="Requests in flight per healthy instance before new ones queue.")
+    ] = 256,
+    max_queue: Annotated[int, typer.Option(help="Queued requests per role before 429 + Retry-After.")] = 1024,
+    queue_timeout: Annotated[float, typer.Option(help="Seconds a request may queue before 503 + Retry-After.")] = 30.0,
+    header_timeout: Annotated[float, typer.Option(help="Seconds a client has to send a request's headers.")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(help="Seconds a client has to send a request's body.")] = 60.0,
+    idle_timeout: Annotated[float, typer.Option(help="Seconds an idle client connection stays open.")] = 30.0,
+    max_client_connections: Annotated[
+        int, typer.Option(help="Open client connections before new ones get 503; 0: half the open-file limit.")
+    ] = 0,
     conversation_header: Annotated[
         list[str] | None,
         typer.Option("--conversation-header",
@@ -80,6 +94,9 @@ def serve(
         max_body_bytes=max_body_bytes,
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,
         eject_after=eject_after, load_factor=load_factor, request_timeout=request_timeout,
+        health_timeout=health_timeout, max_inflight_per_instance=max_inflight_per_instance, max_queue=max_queue,
+        queue_timeout=queue_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
+        idle_timeout=idle_timeout, max_client_connections=max_client_connections,
         conversation_headers=tuple(h.lower() for h in conversation_header) if conversation_header else DEFAULT_HEADERS,
     ))
     run(config, host, port, log_level.lower())

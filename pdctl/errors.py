@@ -8,7 +8,8 @@
     ├── LaunchError                 a process did not start or serve
     ├── SmokeTestError              the deployment serves but KV reuse does not happen
     ├── StateError                  the deployment state file is missing or unreadable
-    └── BusyError                   another pdctl process is changing the same deployment
+    ├── BusyError                   another pdctl process is changing the same deployment
+    └── SlurmError                  a Slurm command failed, or the deployment's job is not running
 
 Every error carries a `hint`: the next thing the user can do. `cli.py` prints
 `Error: <message>` and `hint: <hint>` to stderr and exits with `exit_code`.
@@ -112,3 +113,7 @@ class BusyError(PdctlError):
     def __init__(self, message: str, holder_pid: int | None, hint: str = "") -> None:
         super().__init__(message, hint)
         self.holder_pid = holder_pid
+
+
+class SlurmError(PdctlError):
+    """A Slurm client command failed, or the deployment's job is missing or not running."""

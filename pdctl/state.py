@@ -68,6 +68,8 @@ class DeploymentState:
     router_url: str | None = None
     smoke: dict[str, Any] | None = None
     gpu_memory_before: dict[str, dict[str, int]] | None = None  # node -> GPU id -> MiB used before `up` started
+    slurm: dict[str, Any] | None = None
+    """`{"jobid": J, "submitted": bool}`: the Slurm job the deployment runs in, and whether `up` submitted it."""
     version: int = VERSION
 
     def to_json(self) -> dict[str, Any]:

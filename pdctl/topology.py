@@ -26,6 +26,8 @@ from pdctl.topology_types import (
     PipRequirement,
     ServedName,
     Sha256,
+    SlurmName,
+    SlurmTime,
     SshAlias,
     Text,
     UserName,
@@ -71,6 +73,39 @@ class Node(Strict):
     work_dir: HostPath | None = Field(
         None, description="This node's directory for logs, run files and uploads (default: work_dir)."
     )
+    slurm_node: SlurmName | None = Field(
+        None, description="With `slurm:`, the allocation's host this node runs on (default: the next one in order)."
+    )
+
+
+class Slurm(Strict):
+    """Run inside a Slurm allocation: every node is a host of one job, every process an `srun` step."""
+
+    partition: SlurmName | None = Field(None, description="Partition of the holder job (default: the cluster's).")
+    nodes: int | None = Field(None, ge=1, description="Hosts to allocate (default: one per topology node).")
+    nodelist: list[SlurmName] | None = Field(None, min_length=1, description="Exactly these hosts (sbatch -w).")
+    time: SlurmTime | None = Field(None, description="Time limit of the holder job, e.g. 04:00:00.")
+    account: SlurmName | None = Field(None, description="Account to charge (sbatch -A).")
+    exclusive: bool = Field(True, description="Allocate whole hosts (sbatch --exclusive).")
+    gres: SlurmName | None = Field(None, description="Generic resources per host, e.g. gpu:8 (sbatch --gres).")
+    gpus_per_node: int | None = Field(None, ge=1, description="GPUs per host (sbatch --gpus-per-node).")
+    job_name: SlurmName | None = Field(None, description="Name of the holder job (default: pdctl-<name>).")
+    extra_sbatch: list[Text] = Field(default_factory=list, description="More sbatch options, passed as given.")
+    jobid: int | None = Field(
+        None, ge=1, description="Attach to this running job (salloc/sbatch) instead of submitting one; `down` "
+        "then leaves it running.",
+    )
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _quoted_time(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError('quote the time, e.g. time: "04:00:00" '
+                             "(YAML reads unquoted hours:minutes:seconds as a number)")
+        return value
+
+    def job_name_for(self, deployment: str) -> str:
+        return self.job_name or f"pdctl-{deployment}"
 
 
 class Model(Strict):
@@ -253,6 +288,7 @@ class Topology(Strict):
     extra_args: RoleArgs = Field(default_factory=RoleArgs)
     work_dir: HostPath = Field("~/.pdctl", description="Per-node directory for logs and run files.")
     hf_home: HostPath | None = Field(None, description="HF_HOME on the nodes (model cache).")
+    slurm: Slurm | None = Field(None, description="Run the deployment inside a Slurm allocation (see README).")
 
     @field_validator("name")
     @classmethod

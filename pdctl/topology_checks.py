@@ -22,6 +22,7 @@ def check(topo: Topology) -> list[Finding]:
         *_role_agreement(topo),
         *_router_ttl(topo),
         *_python(topo),
+        *_slurm(topo),
     ]
 
 
@@ -182,7 +183,45 @@ def _python(topo: Topology) -> Iterator[Finding]:
             "set python.wheelhouse to a folder of wheels, or remove no_deps"
         )
     for i, node in enumerate(topo.nodes):
-        if node.transport != "local" and topo.venv_for(node.name) is None:
+        # Slurm hosts share the login node's filesystem (the usual cluster setup), so its interpreter works there
+        if node.transport != "local" and topo.slurm is None and topo.venv_for(node.name) is None:
             yield ("nodes", i, "transport"), f"node `{node.name}` is reached over ssh but python.venv is null", (
                 "set python.venv (or this node's venv) to a path on the nodes"
             )
+
+
+def _slurm(topo: Topology) -> Iterator[Finding]:
+    """Nodes map onto the allocation's hosts: explicit `slurm_node`s first, the rest in order."""
+    if topo.slurm is None:
+        for i, node in enumerate(topo.nodes):
+            if node.slurm_node is not None:
+                yield ("nodes", i, "slurm_node"), "slurm_node without a `slurm:` block", (
+                    "add a `slurm:` block or remove slurm_node"
+                )
+        return
+    slurm = topo.slurm
+    named = [n.slurm_node for n in topo.nodes if n.slurm_node is not None]
+    needed = len(set(named)) + sum(1 for n in topo.nodes if n.slurm_node is None)
+    for i, node in enumerate(topo.nodes):
+        if "transport" in node.model_fields_set and node.transport == "local":
+            yield ("nodes", i, "transport"), "a node of a Slurm topology is reached through srun, not locally", (
+                "remove `transport` from the node"
+            )
+        if node.slurm_node is not None and slurm.nodelist and node.slurm_node not in slurm.nodelist:
+            close = difflib.get_close_matches(node.slurm_node, slurm.nodelist, n=1)
+            hint = f"did you mean `{close[0]}`?" if close else f"slurm.nodelist is: {', '.join(slurm.nodelist)}"
+            yield ("nodes", i, "slurm_node"), f"`{node.slurm_node}` is not in slurm.nodelist", hint
+    if slurm.jobid is not None:
+        return
+    if topo.engine == "vllm" and slurm.gres is None and slurm.gpus_per_node is None:
+        yield ("slurm",), "the job requests no GPUs, so its steps get none", (
+            "set slurm.gpus_per_node (or slurm.gres, e.g. gpu:8)"
+        )
+    if slurm.nodes is not None and slurm.nodes < needed:
+        yield ("slurm", "nodes"), f"{slurm.nodes} host(s) for {needed} topology node(s) on distinct hosts", (
+            f"allocate at least {needed}, or put nodes on one host with the same slurm_node"
+        )
+    if slurm.nodelist is not None and slurm.nodes is None and len(slurm.nodelist) < needed:
+        yield ("slurm", "nodelist"), f"{len(slurm.nodelist)} host(s) listed for {needed} topology node(s)", (
+            f"list at least {needed} hosts"
+        )

@@ -95,3 +95,10 @@ ServedName = Annotated[
     str, AfterValidator(_pattern(r"[\w][\w.:/+-]{0,254}", "letters, digits and .:/+-_ (the name clients send)"))
 ]
 Word = Annotated[str, AfterValidator(_pattern(r"[\w-]{1,64}", "letters, digits, _ and -"))]
+SlurmName = Annotated[
+    str, AfterValidator(_pattern(r"(?!-)[\w.:,=+\[\]-]{1,255}", "a Slurm name (letters, digits and ._:,=+[]-)"))
+]
+SlurmTime = Annotated[
+    str, AfterValidator(_pattern(r"[0-9]+(-[0-9]+)?(:[0-9]+){0,2}|UNLIMITED|INFINITE",
+                                 "a Slurm time like 30, 04:00:00 or 1-00:00:00"))
+]

@@ -69,6 +69,13 @@ class BenchOptions:
 
 def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress) -> BenchResult:
     base = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
+    if base.slurm is not None:
+        if not opts.no_redeploy:
+            raise UsageError("bench legs that redeploy are not supported inside a Slurm job yet",
+                             hint="`pdctl up` the topology, then `pdctl bench --no-redeploy`")
+        from pdctl.slurm.allocation import bound
+
+        base = bound(base)
     legs = [LegSpec(opts.legs[0].name if opts.legs else base.name, ())] if opts.no_redeploy else opts.legs
     if not opts.no_redeploy and deployer is None:
         raise UsageError("legs need the lifecycle to redeploy", hint="pass --no-redeploy to bench what is running")

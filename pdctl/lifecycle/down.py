@@ -55,14 +55,29 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
     except StateError as exc:
         console.print(f"[yellow]warning[/]: {exc.message}; finding processes by their marker instead")
         state = None
-    specs = plan(topo)
     report = DownReport(topo.name, state_file_found=state is not None)
+    job: tuple[int, bool] | None = None
+    if topo.slurm is not None:
+        from pdctl.lifecycle.slurm_job import job_gone, job_status
+
+        bound, slurm = job_status(topo, store if state is not None else None)
+        if bound is None:
+            job_gone(topo, slurm, console)
+            store.delete()
+            return report
+        assert slurm.jobid is not None
+        topo, job = bound, (slurm.jobid, slurm.submitted_by_pdctl)
+    specs = plan(topo)
     with reachable(topo.nodes, ssh) as (hosts, unreachable):
         mine = [s for s in specs if s.node in hosts]
         report.stopped = stop_all(topo, mine, hosts, state, console, timeout=timeout, stragglers=True)
         _verify(topo, hosts)
         if state is not None and state.gpu_memory_before and topo.engine == "vllm":
             gpu_memory.check_back(topo, hosts, state.gpu_memory_before, console)
+    if job is not None and not unreachable:
+        from pdctl.lifecycle.slurm_job import release
+
+        release(topo, *job, console)
     if unreachable:
         lines = "\n  ".join(str(e) for e in unreachable.values())
         raise ConnectError(

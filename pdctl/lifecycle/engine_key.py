@@ -45,6 +45,7 @@ def ensure_key(topo: Topology, hosts: Mapping[str, Transport]) -> str:
 
 def _write(transport: Transport, path: str, key: str) -> None:
     target = expand_home(path)
-    script = (f"umask 077; mkdir -p \"$(dirname {target})\" && cat > {target}.tmp && chmod 600 {target}.tmp "
-              f"&& mv {target}.tmp {target}")
+    # $$: nodes sharing one filesystem (a cluster's home) write the same file at once
+    script = (f"umask 077; mkdir -p \"$(dirname {target})\" && cat > {target}.tmp.$$ && chmod 600 {target}.tmp.$$ "
+              f"&& mv {target}.tmp.$$ {target}")
     transport.check(script, stdin=key.encode(), timeout=30.0)

@@ -26,6 +26,9 @@ class Forwarding:
 def port_forward(topo: Topology, port: int | None, on_ready: Callable[[Forwarding], None],
                  stop: threading.Event, *, ssh: SshOptions | None = None) -> None:
     """Serve `127.0.0.1:port` (default: the router's port) until `stop` is set; LaunchError when it is not up."""
+    from pdctl.slurm.allocation import bound
+
+    topo = bound(topo)
     router = next(s for s in plan(topo) if s.role == "router")
     with connected([topo.node(router.node)], ssh) as hosts:
         transport = hosts[router.node]

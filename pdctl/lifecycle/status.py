@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.errors import PdctlError
+from pdctl.lifecycle.slurm_job import SlurmStatus, job_status
 from pdctl.nodes import launch
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
@@ -21,6 +22,7 @@ from pdctl.remote.hosts import parallel, reachable
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
+from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology
 
@@ -92,6 +94,7 @@ class StatusReport:
     strays: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
     reach: str = ""
+    slurm: SlurmStatus | None = None
 
     @property
     def healthy(self) -> bool:
@@ -112,11 +115,17 @@ class StatusReport:
 
 def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
     """Everything `pdctl status` shows, read from the hosts, the engines and the router right now."""
-    specs = plan(topo)
     store = StateStore(topo.name)
     state = store.load()
     records = state.processes if state else {}
     report = StatusReport(topo.name, str(store.path) if state else None)
+    if topo.slurm is not None:
+        bound, report.slurm = job_status(topo, store)
+        if bound is None:  # no running job: nothing of the deployment can run, and there is no host to ask
+            report.processes = [_without_job(s, report.slurm) for s in plan(topo)]
+            return report
+        topo = bound
+    specs = plan(topo)
     router = next((s for s in specs if s.role == "router"), None)
     with reachable(topo.nodes, ssh) as (hosts, failed):
         report.unreachable = {n: e.message.splitlines()[0] for n, e in failed.items()}
@@ -142,10 +151,16 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
 
 def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None) -> str:
     """How a person at the CLI's machine reaches the router."""
-    if transport is None or isinstance(transport, LocalTransport):
+    if transport is None or isinstance(transport, LocalTransport | SlurmTransport):
         return f"router: {router.url}"
     return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
             f"`pdctl port-forward -t <topology> --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
+
+
+def _without_job(spec: ProcessSpec, job: SlurmStatus) -> ProcessStatus:
+    why = f"job {job.jobid} {job.state}" if job.jobid is not None else "no job"
+    return ProcessStatus(name=spec.name, role=spec.role, node=spec.node, host="-", url="-", pid=None, unit=None,
+                         alive=False, health=why, uptime_s=None, log_path=spec.log_path, gpus=list(spec.gpus))
 
 
 def _running(transport: Transport, deployment: str, node: str,

@@ -39,6 +39,8 @@ def render_status(report: StatusReport, console: Console) -> None:
             str(p.gpu_memory_mib) if p.gpu_memory_mib is not None else "-",
         )
     console.print(table)
+    if report.slurm is not None:
+        console.print(_slurm_line(report), highlight=False)
     for (node, gpu), procs in sorted(report.shared_gpus().items()):
         held = [p.gpu_memory_mib for p in procs if p.gpu_memory_mib is not None]
         console.print(f"GPU {gpu} of {node} is shared by {', '.join(p.name for p in procs)}"
@@ -63,3 +65,17 @@ def render_status(report: StatusReport, console: Console) -> None:
         console.print(f"[yellow]not in the topology but running[/]: {stray}", highlight=False)
     if report.state_file is None:
         console.print("[dim]no state file: pids and uptime come from the hosts alone[/]")
+
+
+def _slurm_line(report: StatusReport) -> str:
+    job = report.slurm
+    assert job is not None
+    if job.jobid is None:
+        return "slurm: no job (`pdctl up` submits one)"
+    whose = "submitted by pdctl" if job.submitted_by_pdctl else "attached (slurm.jobid)"
+    if job.state != "RUNNING":
+        reason = f" ({job.reason})" if job.reason and job.reason != "None" else ""
+        return (f"slurm: job {job.jobid} {job.state}{reason}, {whose}: nothing of {report.name} runs; "
+                "`pdctl down` clears it, `pdctl up` starts it in a new job")
+    placed = ", ".join(f"{node} on {host}" for node, host in job.hosts.items())
+    return f"slurm: job {job.jobid} RUNNING, {whose}, time left {job.time_left or '?'}: {placed}"

@@ -57,15 +57,25 @@ def up(topo: Topology, console: Console, options: UpOptions | None = None) -> De
 
 
 def _up(topo: Topology, console: Console, opts: UpOptions) -> Deployment:
-    specs = plan(topo)
     store = StateStore(topo.name)
     state = store.load() or DeploymentState(name=topo.name, topology=topo.name)
+    if topo.slurm is None:
+        return _deploy(topo, console, opts, store, state)
+    from pdctl.lifecycle.slurm_job import allocation
+
+    with allocation(topo, console, store, state) as bound:
+        return _deploy(bound, console, opts, store, state)
+
+
+def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore,
+            state: DeploymentState) -> Deployment:
+    specs = plan(topo)
     with connected(topo.nodes, opts.ssh) as hosts:
         if opts.restart:
             console.print(f"restart: stopping {topo.name}")
             # every process of the deployment, also those of another mode (aggregated <-> disaggregated legs)
             stop_all(topo, specs, hosts, state, console, stragglers=True)
-            state = DeploymentState(name=topo.name, topology=topo.name)
+            state = DeploymentState(name=topo.name, topology=topo.name, slurm=state.slurm)
         live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
         to_start, kept = _decide(topo.name, specs, state, live)
         if to_start and not kept and topo.engine == "vllm":

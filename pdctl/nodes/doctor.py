@@ -153,8 +153,19 @@ def _efa_checks(ctx: Context, get: Any, out: HostChecks) -> None:
     peer = get(PeerMem())
     out.add("efa_nv_peermem", peer is not None, peer or "not loaded", "GPUDirect RDMA needs it: rerun the installer")
     memlock = get(Memlock())
+    if ctx.topo.slurm is not None:  # measured inside an srun step, where no systemd unit sets the limit
+        out.add("memlock in a step", memlock is None, "unlimited" if memlock is None else f"{memlock} KiB",
+                SLURM_MEMLOCK_FIX)
+        return
     out.add("memlock", memlock is None, "unlimited" if memlock is None else f"{memlock} KiB",
             "EFA needs unlimited locked memory (/etc/security/limits.d/01_efa.conf; units get LimitMEMLOCK)")
+
+
+SLURM_MEMLOCK_FIX = (
+    "EFA needs unlimited locked memory in the steps: srun passes the login node's `ulimit -l` on "
+    "(PropagateResourceLimits); set PropagateResourceLimitsExcept=MEMLOCK in slurm.conf and LimitMEMLOCK=infinity "
+    "in slurmd's systemd unit on the nodes, or raise the limit where you run pdctl (limits.d, `ulimit -l unlimited`)"
+)
 
 
 def _python_checks(ctx: Context, get: Any, out: HostChecks) -> None:

@@ -19,6 +19,12 @@ T = TypeVar("T")
 
 def connect(node: Node, options: SshOptions | None = None) -> Transport:
     """The transport the topology asks for; SSH connects now and raises ConnectError on failure."""
+    from pdctl.slurm.allocation import SlurmNode
+
+    if isinstance(node, SlurmNode):
+        from pdctl.slurm.transport import SlurmTransport
+
+        return SlurmTransport(node.name, node.jobid, node.slurm_node or node.address, node.deployment)
     if node.transport == "local":
         return LocalTransport(node.name)
     from pdctl.remote.ssh import connect_ssh

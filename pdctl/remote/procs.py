@@ -71,6 +71,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
             f"if [ -d {SYSTEMD_DIR} ] && command -v systemd-run >/dev/null 2>&1; then",
             systemd_script(job.unit, env, argv),
             "else",
+            '  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true',  # a login shell's 1024 fds is too few for a server
             # `--`: a key can never become an option of env (`-S ...` would run a command)
             f"  env -- {env_args} setsid {argv} >> \"$LOG\" 2>&1 < /dev/null &",
             '  echo "pid $!"',
@@ -88,7 +89,8 @@ def _with_secrets(job: DetachedJob) -> tuple[str, ...]:
 
 
 def systemd_script(unit: str, env: Mapping[str, str], argv: str) -> str:
-    """The systemd branch of `start_script`: memlock unlimited (EFA registers GPU memory), runs as the user."""
+    """The systemd branch of `start_script`: memlock unlimited (EFA registers GPU memory), a large open-file
+    limit (the router and engines hold one fd per client connection), runs as the user."""
     setenv = " ".join(shlex.quote(f"--setenv={k}={v}") for k, v in env.items())
     unit = shlex.quote(unit)
     return "\n".join(
@@ -96,6 +98,7 @@ def systemd_script(unit: str, env: Mapping[str, str], argv: str) -> str:
             '  S=""; [ "$(id -u)" = 0 ] || S="sudo -n"',
             f"  $S systemctl reset-failed {unit} >/dev/null 2>&1",
             f"  $S systemd-run --unit {unit} --collect --quiet -p LimitMEMLOCK=infinity"
+            " -p LimitNOFILE=1048576"
             ' -p User="$(id -un)" -p WorkingDirectory="$WD"'
             ' -p StandardOutput=append:"$LOG" -p StandardError=append:"$LOG"'
             f" {setenv} -- {argv} || exit 4",

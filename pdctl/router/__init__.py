@@ -6,9 +6,12 @@ Modules, one concept each:
     conversation  which conversation a request belongs to (explicit id or derived from the history)
     handles       the table of decode handles: TTL by the router's clock, LRU bound, single use
     verify        prefix verification: does the decode's KV really prefix the new prompt?
-    upstreams     health-checked P and D pools and the selection policies
+    upstreams     health-checked P and D pools (generations: which process issued a handle), selection policies
+    tripwire      one idle connection per decode: its closing says the process died (restart detection)
+    admission     per-pool bound on requests in flight, a queue with a deadline, 429/503 + Retry-After
+    disconnect    a request's upstream work is cancelled when its client leaves
     metrics       Prometheus metrics and the /stats counters
-    middleware    request id, auth, body limit + JSON + sanitising
+    middleware    request id, auth, body limit + JSON (415, 408, depth) + sanitising, HTTP/1.0 replies
     prefill       the prefill hop (with its retry as a miss)
     decode        the decode hop: stream through, capture the new handle, strip internals
     proxy         one completion request, start to end
@@ -20,6 +23,7 @@ Modules, one concept each:
     messages      POST /v1/messages (messages_in, messages_out; apishape: Anthropic's error shape)
     passthrough   stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}
     app           the ASGI stack and its lifespan
+    listener      the client-facing HTTP protocol: head deadline (408), header limits (431), connection cap
     serve         `pdctl router serve`: config -> uvicorn
 """
 

@@ -1,7 +1,7 @@
 """The router as one ASGI callable: middlewares built explicitly around a small dispatcher; the lifespan owns
 the shared `httpx.AsyncClient` and the timers.
 
-    RequestId -> AnthropicErrors -> ApiKey -> JsonBody -> ConversationHeaders -> Endpoints
+    Http10 -> RequestId -> AnthropicErrors -> ApiKey -> JsonBody -> ConversationHeaders -> Endpoints
 
 Routes: chat and completions (proxy; batches for prompt lists and n > 1), /v1/responses (responses),
 /v1/messages (messages), stateless engine routes (passthrough), and the router's own /health /stats /metrics.
@@ -16,12 +16,12 @@ import logging
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pdctl.router import batches, jsonx, messages, passthrough, proxy, responses, tasks
+from pdctl.router import batches, jsonx, messages, passthrough, proxy, responses, tasks, tripwire
 from pdctl.router.apishape import AnthropicErrors
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.identity import ConversationHeaders
-from pdctl.router.middleware import ApiKey, JsonBody, RequestId
+from pdctl.router.middleware import ApiKey, Http10, JsonBody, RequestId
 from pdctl.router.response_store import ResponseStore
 from pdctl.router.state import RouterState
 from pdctl.router.transport import FastTransport
@@ -126,6 +126,8 @@ class Endpoints:
         )
         self._tasks = [asyncio.create_task(tasks.health_loop(self.state)),
                        asyncio.create_task(tasks.sweep_loop(self.state))]
+        self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
+                        for u in self.state.decode.members]
         log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
 
     async def shutdown(self) -> None:
@@ -143,9 +145,10 @@ def create_app(config: RouterConfig, transport: httpx.AsyncBaseTransport | None 
     state = RouterState.create(config)
     app: ASGIApp = Endpoints(state, transport)
     app = ConversationHeaders(app, config.conversation_headers)
-    app = JsonBody(app, config.max_body_bytes)
+    app = JsonBody(app, config.max_body_bytes, config.body_timeout)
     app = ApiKey(app, config.api_key)
     app = AnthropicErrors(app)
     app = RequestId(app, state.metrics)
+    app = Http10(app)
     app.state = state  # type: ignore[attr-defined]
     return app

@@ -33,6 +33,16 @@ class RouterConfig:
     connect_timeout: float = 5.0
     request_timeout: float = 600.0
     max_connections: int = 2048
+    max_inflight_per_instance: int = 256
+    max_queue: int = 1024
+    queue_timeout: float = 30.0
+    health_timeout: float = 5.0
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    idle_timeout: float = 30.0
+    max_client_connections: int = 0  # 0: half the router's open-file limit
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 256
     conversation_headers: tuple[str, ...] = DEFAULT_HEADERS
 
     def __post_init__(self) -> None:
@@ -57,6 +67,14 @@ class RouterConfig:
             )
         if self.local_prefill_tokens < 0:
             problems.append(f"--local-prefill-tokens must be >= 0, got {self.local_prefill_tokens}")
+        for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("queue_timeout", "health_timeout", "header_timeout", "body_timeout", "idle_timeout"):
+            if not getattr(self, name) > 0:
+                problems.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name):g}")
+        if self.max_client_connections < 0:
+            problems.append(f"--max-client-connections must be >= 0, got {self.max_client_connections}")
         if self.load_factor < 1:
             problems.append(f"--load-factor must be >= 1, got {self.load_factor:g}")
         for url in (*self.prefill, *self.decode):

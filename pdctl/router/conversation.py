@@ -109,6 +109,7 @@ class Derivation:
     kind: str
     cid: str | None
     base: Any = None
+    root: int = _PROMPT_ROOT
 
     def reply_key(self, reply: Mapping[str, Any], output_ids: Sequence[int] | None) -> Hashable | None:
         if self.kind == "chat":
@@ -122,7 +123,7 @@ class Derivation:
                 text = self.base + tail
             else:
                 text = self.base + str(reply.get("content") or "")
-            chain = _chain(_PROMPT_ROOT, _chunks(text))
+            chain = _chain(self.root, _chunks(text))
             return ("p", chain[-1], len(text), hash(text))
         return None
 
@@ -157,8 +158,9 @@ class DerivedIndex:
                 if not bucket:
                     del self._prompt[key[1]]
 
-    def derive_chat(self, messages: Sequence[Any]) -> Derivation:
-        chain = _chain(_CHAT_ROOT, [message_key(m) for m in messages])
+    def derive_chat(self, messages: Sequence[Any], scope: str = "") -> Derivation:
+        """`scope` is the owner (see proxy.owner): one owner's history never matches another's."""
+        chain = _chain(hash((_CHAT_ROOT, scope)), [message_key(m) for m in messages])
         for k in range(len(messages), 0, -1):
             last = messages[k - 1]
             if isinstance(last, dict) and last.get("role") == "assistant":
@@ -167,17 +169,18 @@ class DerivedIndex:
                     return Derivation("chat", cid, chain[-1])
         return Derivation("chat", None, chain[-1])
 
-    def derive_prompt(self, prompt: Any) -> Derivation:
+    def derive_prompt(self, prompt: Any, scope: str = "") -> Derivation:
         text = prompt_text(prompt)
         if text is None:
             return Derivation("none", None)
         kind = "tokens" if isinstance(text, bytes) else "prompt"
-        chain = _chain(_PROMPT_ROOT, _chunks(text))
+        root = hash((_PROMPT_ROOT, scope))
+        chain = _chain(root, _chunks(text))
         for k in range(len(chain) - 1, -1, -1):
             bucket = self._prompt.get(chain[k])
             if not bucket:
                 continue
             found = [(n, cid) for (n, h), cid in bucket.items() if n <= len(text) and hash(text[:n]) == h]
             if found:
-                return Derivation(kind, max(found)[1], text)
-        return Derivation(kind, None, text)
+                return Derivation(kind, max(found)[1], text, root)
+        return Derivation(kind, None, text, root)

@@ -1,8 +1,12 @@
 """The decode hop: stream through as bytes arrive, capture the decode's new handle, never leak internals.
 
 The client's response starts only with the decode's first body bytes, so a decode that fails before then is
-retried on another healthy decode with the same prefill params. One that fails mid-stream ends the client's
-stream with an SSE error event and is ejected from its pool.
+retried. A decode that refused the connection never saw the request: another decode gets the same prefill
+params. Any other failure before the first byte (an error answer, a reset, a timeout) may have spent the
+prefill's KV, or is the prefill's fault (a failed KV pull from a dead prefill): the result says `redo`, and the
+caller runs the prefill again, never blaming the decode. Only refused connections and deaths count against a
+decode's health. One that fails mid-stream ends the client's stream with an SSE error event; it is ejected
+unless it was merely slow.
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from starlette.types import Receive, Send
 
 from pdctl.router import jsonx
 from pdctl.router.capture import Capture, SseRewriter
-from pdctl.router.errors import error_body, send_bytes
+from pdctl.router.errors import error_body, relayed_error, send_bytes
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
 
@@ -34,6 +38,14 @@ class DecodeResult:
     capture: Capture | None
     upstream: Upstream | None
     sent: bool  # whether the client got a response (success or a relayed error)
+    redo: bool = False  # failed before the first byte, not for want of a decode: run the prefill again
+    error: bytes = b""  # the last failure as an OpenAI error body, for the client if nothing else works
+
+
+@dataclass
+class _Failed:
+    redo: bool
+    error: bytes
 
 
 def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> bytes:
@@ -54,6 +66,7 @@ async def run(
     stream = bool(body.get("stream"))
     keep_ids = bool(body.get("return_token_ids"))
     tried: list[Upstream] = []
+    last = _Failed(False, b"")
     for _ in range(1 if only else MAX_ATTEMPTS):
         d = only or state.decode_policy.pick(state.decode, holder, exclude=tried)
         if d is None:
@@ -63,32 +76,53 @@ async def run(
         d.outstanding += 1
         try:
             if stream:
-                sent = await _stream(state, d, receive, send, path, rid, payload, capture, headers, started)
+                out = await _stream(state, d, receive, send, path, rid, payload, capture, headers, started)
             else:
-                sent = await _whole(state, d, send, path, rid, payload, capture, headers)
+                out = await _whole(state, d, send, path, rid, payload, capture, headers)
         finally:
             d.outstanding -= 1
-        if sent:
+        if not isinstance(out, _Failed):
             return DecodeResult(capture, d, True)
-    return DecodeResult(None, None, False)
+        last = out
+        if out.redo:
+            return DecodeResult(None, d, False, True, out.error)
+    return DecodeResult(None, None, False, False, last.error)
 
 
-def _fail(state: RouterState, d: Upstream, rid: str, kind: str) -> bool:
-    state.decode.failed(d)
+def _fail(state: RouterState, d: Upstream, rid: str, kind: str, exc: Exception | None = None,
+          status: int = 502, content: bytes = b"") -> _Failed:
+    """Account for a failure before the first byte: refused -> try another decode; anything else -> redo."""
     state.metrics.error("decode", kind)
-    log.warning("[%s] decode failed before the first byte (%s); trying another decode", rid, kind)
-    return False
+    if isinstance(exc, httpx.ConnectError):
+        state.decode.lost(d)
+        state.decode.failed(d)
+        log.warning("[%s] decode refused the connection (%s); trying another decode", rid, exc)
+        return _Failed(False, error_body(502, "no decode instance could be reached"))
+    if isinstance(exc, httpx.TimeoutException):
+        state.decode.failed(d, slow=True)
+    elif exc is not None:  # reset or closed: the process may be gone
+        state.decode.lost(d)
+        state.decode.failed(d)
+    log.warning("[%s] decode failed before the first byte (%s); running the prefill again", rid, kind)
+    body = relayed_error(status, content, "decode") if content else error_body(status, f"the decode failed ({kind})")
+    return _Failed(True, body)
+
+
+def _kind(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    return "connect" if isinstance(exc, httpx.ConnectError) else "read"
 
 
 async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: str, payload: bytes,
-                 capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+                 capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
     try:
         resp = await state.http.post(f"{d.url}{path}", content=payload,
                                      headers={"content-type": "application/json", "x-request-id": rid})
     except httpx.HTTPError as exc:
-        return _fail(state, d, rid, "timeout" if isinstance(exc, httpx.TimeoutException) else "connect")
+        return _fail(state, d, rid, _kind(exc), exc)
     if resp.status_code >= 500:
-        return _fail(state, d, rid, f"http_{resp.status_code}")
+        return _fail(state, d, rid, f"http_{resp.status_code}", content=resp.content)
     state.decode.succeeded(d)
     content = resp.content
     if resp.status_code == 200:
@@ -99,30 +133,37 @@ async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: st
         if isinstance(obj, dict):
             capture.take(obj, whole=True)
             content = jsonx.dumps(obj)
+    else:
+        content = relayed_error(resp.status_code, content, "decode")
     await send_bytes(send, resp.status_code, content, headers)
     return True
 
 
 async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send, path: str, rid: str, payload: bytes,
-                  capture: Capture, headers: list[tuple[bytes, bytes]], started: float) -> bool:
+                  capture: Capture, headers: list[tuple[bytes, bytes]], started: float) -> Literal[True] | _Failed:
     req = state.http.build_request("POST", f"{d.url}{path}", content=payload,
                                    headers={"content-type": "application/json", "x-request-id": rid})
     try:
         resp = await state.http.send(req, stream=True)
     except httpx.HTTPError as exc:
-        return _fail(state, d, rid, "timeout" if isinstance(exc, httpx.TimeoutException) else "connect")
+        return _fail(state, d, rid, _kind(exc), exc)
     try:
         if resp.status_code != 200:
-            content = await resp.aread()
+            try:
+                content = await resp.aread()
+            except httpx.HTTPError as exc:
+                return _fail(state, d, rid, _kind(exc), exc)
             if resp.status_code >= 500:
-                return _fail(state, d, rid, f"http_{resp.status_code}")
-            await send_bytes(send, resp.status_code, content, headers)
+                return _fail(state, d, rid, f"http_{resp.status_code}", content=content)
+            await send_bytes(send, resp.status_code, relayed_error(resp.status_code, content, "decode"), headers)
             return True
         chunks = resp.aiter_raw()
         try:
             first = await chunks.__anext__()
-        except (httpx.HTTPError, StopAsyncIteration) as exc:
-            return _fail(state, d, rid, "empty_stream" if isinstance(exc, StopAsyncIteration) else "read")
+        except StopAsyncIteration:
+            return _fail(state, d, rid, "empty_stream")
+        except httpx.HTTPError as exc:
+            return _fail(state, d, rid, _kind(exc), exc)
         state.decode.succeeded(d)
         sse = SseRewriter(capture)
         await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
@@ -142,9 +183,12 @@ async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send,
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = sse.flush()
         except httpx.HTTPError as exc:
-            state.decode.eject(d)
-            state.metrics.error("decode", "mid_stream")
-            log.error("[%s] decode failed mid-stream (%s); ejected it from the pool", rid, type(exc).__name__)
+            slow = isinstance(exc, httpx.TimeoutException)
+            if not slow:
+                state.decode.eject(d)
+            state.metrics.error("decode", "mid_stream_timeout" if slow else "mid_stream")
+            log.error("[%s] decode failed mid-stream (%s)%s", rid, type(exc).__name__,
+                      "" if slow else "; ejected it from the pool")
             capture.params = None
             tail = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
         finally:

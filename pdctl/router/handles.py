@@ -7,6 +7,9 @@ it: which decode holds the blocks, which token ids they hold, and when it stops 
 `take()` removes the handle so concurrent turns of one conversation never share it (a handle is single use:
 the decode frees its blocks after the first read). Conversations the table has seen but holds no handle for
 keep a bounded tombstone with the reason, so the next turn's miss says why (expired, evicted, ...).
+
+A handle also records the `generation` of the decode that issued it (upstreams.py): when that decode may have
+died since, its blocks are gone or hold someone else's tokens, and the handle is dropped unused (`RESTARTED`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Any, Protocol
 NEW_CONVERSATION = "new_conversation"
 NOT_ELIGIBLE = "not_eligible"
 IN_USE = "handle_in_use"
+RESTARTED = "decode_restarted"
+
+Stale = Callable[["Handle"], bool]
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Handle:
     # Token ids the decode computed for this conversation in local turns after the handle's own (its prefix
     # cache holds them, unpinned); None until a turn ran on the decode alone.
     cached: array[int] | None = field(default=None, compare=False)
+    generation: int = field(default=0, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -90,14 +97,19 @@ class HandleTable:
             self._dropped(evicted)
             self.mark(evicted.conversation, "evicted")
 
-    def take(self, cid: str) -> Taken:
-        """Remove and return the conversation's handle if it is still alive, else why there is none."""
+    def take(self, cid: str, stale: Stale | None = None) -> Taken:
+        """Remove and return the conversation's handle if it is still alive, else why there is none.
+
+        `stale` says whether the decode that issued a handle may have died since (its KV is then not there)."""
         handle = self._live.pop(cid, None)
         if handle is not None:
             self._dropped(handle)
             if self.clock() >= handle.deadline:
                 self.mark(cid, "expired")
                 return Taken(None, "expired")
+            if stale is not None and stale(handle):
+                self.mark(cid, RESTARTED)
+                return Taken(None, RESTARTED)
             self._leased[cid] = self._leased.get(cid, 0) + 1
             self.mark(cid, "previous_turn_failed")
             return Taken(handle, "")
@@ -120,14 +132,15 @@ class HandleTable:
         while len(self._tombs) > self.max_size:
             self._tombs.popitem(last=False)
 
-    def sweep(self) -> int:
-        """Drop every expired handle; return how many."""
+    def sweep(self, stale: Stale | None = None) -> int:
+        """Drop every expired handle, and every one `stale` says its decode may have lost; return how many."""
         now = self.clock()
-        expired = [cid for cid, h in self._live.items() if now >= h.deadline]
-        for cid in expired:
+        gone = [(cid, "expired" if now >= h.deadline else RESTARTED) for cid, h in self._live.items()
+                if now >= h.deadline or (stale is not None and stale(h))]
+        for cid, reason in gone:
             self._dropped(self._live.pop(cid))
-            self.mark(cid, "expired")
-        return len(expired)
+            self.mark(cid, reason)
+        return len(gone)
 
     def get(self, cid: str) -> Handle | None:
         """Peek without taking (selection uses it to find the decode that holds a conversation's blocks)."""

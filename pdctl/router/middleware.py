@@ -3,12 +3,15 @@
 RequestId   gives every request an id, echoed as `X-Request-Id` and counted by route and status
 ApiKey      `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on everything but /health, when a key
             is configured
-JsonBody    POST bodies: size limit (413), JSON object (400), client `kv_transfer_params` removed,
-            `conversation_id` taken out; the parsed body is left in scope["pdctl.body"]
+JsonBody    POST bodies: JSON content type (415), read within a deadline (408), size limit (413), a JSON
+            object no deeper than MAX_DEPTH (400), client `kv_transfer_params` removed, `conversation_id`
+            taken out; the parsed body is left in scope["pdctl.body"]
+Http10      HTTP/1.0 clients cannot read chunked replies: their response is sent whole, with content-length
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import uuid
@@ -74,14 +77,44 @@ class ApiKey:
         await self.app(scope, receive, send)
 
 
+# orjson writes at most 254 levels; real requests (tool schemas included) stay far below this.
+MAX_DEPTH = 128
+
+
+def too_deep(obj: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `obj` nests containers deeper than `limit` (iterative: cost is the number of containers)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def json_media(value: bytes | None) -> bool:
+    """A JSON content type, or none at all (curl without -H); forms and text/plain are a browser's CSRF path."""
+    if value is None:
+        return True
+    media = value.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
 class JsonBody:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float = 60.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
+            return
+        ctype = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+        if not json_media(ctype):
+            shown = ctype.decode("latin-1")[:100] if ctype is not None else ""
+            await send_error(send, 415, f"request body must be application/json, not {shown!r}")
             return
         too_big = f"request body over the router's limit of {self.max_bytes} bytes (--max-body-bytes)"
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
@@ -91,8 +124,15 @@ class JsonBody:
         chunks: list[bytes] = []
         size = 0
         more = True
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
         while more:
-            message = await receive()
+            try:
+                async with asyncio.timeout_at(deadline):  # a context, not wait_for's extra task per chunk
+                    message = await receive()
+            except TimeoutError:
+                await send_error(send, 408, f"request body not received within {self.read_timeout:g}s "
+                                 "(--body-timeout)", [(b"connection", b"close")])
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -110,8 +150,40 @@ class JsonBody:
         if not isinstance(body, dict):
             await send_error(send, 400, "request body must be a JSON object")
             return
+        if too_deep(body):
+            await send_error(send, 400, f"request body nests deeper than {MAX_DEPTH} levels")
+            return
         if body.pop("kv_transfer_params", None) is not None:
             log.warning("[%s] removed client-supplied kv_transfer_params", scope.get("pdctl.rid", "-"))
         scope["pdctl.cid"] = body.pop("conversation_id", None)
         scope["pdctl.body"] = body
         await self.app(scope, receive, send)
+
+
+class Http10:
+    """Buffer the response of an HTTP/1.0 request and send it with content-length (uvicorn would chunk it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("http_version") != "1.0":
+            await self.app(scope, receive, send)
+            return
+        start: Message | None = None
+        parts: list[bytes] = []
+
+        async def buffered(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False) and start is not None:
+                body = b"".join(parts)
+                headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in
+                           (b"content-length", b"transfer-encoding")]
+                await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, buffered)

@@ -1,8 +1,10 @@
 """The prefill hop: tokenize for verification, then the non-streaming `max_tokens=1` call, retried as a miss.
 
 A failed or expired KV read must never reach the client: a prefill that fails while holding a decode handle is
-retried once as a miss (on another healthy prefill when there is one). A miss that fails on a dead or 5xx
-prefill is retried once elsewhere too. Only a 4xx to a miss, i.e. the client's own request is bad, is relayed.
+retried once as a miss (on another healthy prefill when there is one). A miss that cannot reach its prefill
+(refused, reset, timed out) is retried once elsewhere too; that counts against the prefill's health. An error
+answer to a miss is that request's own answer (a bad or poison prompt): relayed, sanitised, and never held
+against the prefill, so one client's requests cannot eject an instance that serves everyone else.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 
 from pdctl.router import jsonx
+from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
 from pdctl.router.verify import Verdict, as_tokens, miss
@@ -86,38 +89,43 @@ async def _call(state: RouterState, p: Upstream, path: str, rid: str, payload: b
 async def run(
     state: RouterState, p: Upstream, path: str, rid: str, key: str, body: dict[str, Any], verdict: Verdict
 ) -> PrefillResult:
+    """The prefill hop; `error` of a failed result is an OpenAI error body ready for the client."""
     started = time.perf_counter()
     tried: list[Upstream] = []
+
+    def done(status: int = 200, error: bytes = b"", params: dict[str, Any] | None = None,
+             up: Upstream | None = None) -> PrefillResult:
+        return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error)
+
     for attempt in range(2):
         resp = await _call(state, p, path, rid, prefill_body(body, verdict.params))
-        ok = not isinstance(resp, str) and resp.status_code == 200
         with_handle = verdict.outcome != "miss"
-        if ok:
+        if not isinstance(resp, str) and resp.status_code == 200:
             state.prefill.succeeded(p)
-            params = _params(resp.content)  # type: ignore[union-attr]
+            params = _params(resp.content)
             if params is None:
                 state.metrics.error("prefill", "no_kv_transfer_params")
-            return PrefillResult(verdict, p, params, (time.perf_counter() - started) * 1000)
+            return done(params=params, up=p)
         kind = resp if isinstance(resp, str) else f"http_{resp.status_code}"
         state.metrics.error("prefill", kind)
-        client_fault = not isinstance(resp, str) and resp.status_code < 500
-        if client_fault and not with_handle:
-            return PrefillResult(verdict, p, None, (time.perf_counter() - started) * 1000,
-                                 resp.status_code, resp.content)  # type: ignore[union-attr]
-        # An unreachable prefill is its own fault; an error answer to a KV read is the read's (expired, freed).
-        if isinstance(resp, str) or not with_handle:
-            state.prefill.failed(p)
+        if not isinstance(resp, str) and not with_handle:
+            status = 502 if resp.status_code >= 500 else resp.status_code
+            log.warning("[%s] prefill answered %d; relaying it (the request's own answer)", rid, resp.status_code)
+            return done(status, relayed_error(status, resp.content, "prefill"), up=p)
+        if isinstance(resp, str):  # unreachable or silent: its health, not the request's fault
+            if resp == "connect":
+                state.prefill.lost(p)
+            state.prefill.failed(p, slow=resp == "timeout")
             tried.append(p)
         log.warning("[%s] prefill failed (%s)%s%s", rid, kind, " reading a decode handle" if with_handle else "",
-                    "; retrying as a miss" if attempt == 0 else "")
+                    "; retrying" + (" as a miss" if with_handle else "") if attempt == 0 else "")
         if with_handle:
             verdict = miss("prefill_failed")
         nxt = state.prefill_policy.pick(state.prefill, key, exclude=tried) if attempt == 0 else None
         if nxt is None:
             break
         p = nxt
-    return PrefillResult(verdict, None, None, (time.perf_counter() - started) * 1000, 502,
-                         b"no prefill instance could serve the request")
+    return done(502, error_body(502, "no prefill instance could serve the request"))
 
 
 def _params(content: bytes) -> dict[str, Any] | None:

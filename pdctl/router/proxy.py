@@ -1,11 +1,14 @@
 """One completion request, start to end: conversation -> handle -> verification -> prefill -> decode -> handle.
 
-Used for `/v1/chat/completions` and `/v1/completions` alike; `chat` says which.
+Used for `/v1/chat/completions` and `/v1/completions` alike; `chat` says which. The whole request is cancelled
+when its client leaves (disconnect.py), and waits for a slot of each pool it uses (admission.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from array import array
 from dataclasses import replace
@@ -14,8 +17,10 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from pdctl.router import decode, prefill
+from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.conversation import Derivation, explicit_id, new_id
+from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.handles import NOT_ELIGIBLE, Handle, Taken
 from pdctl.router.state import RouterState
@@ -24,17 +29,43 @@ from pdctl.router.verify import LOCAL_REASON, Verdict, as_tokens, hit_params, ma
 
 log = logging.getLogger("pdctl.router")
 
+_SCOPE_KEY = os.urandom(16)
+
 
 def _header(scope: Scope, names: tuple[bytes, ...]) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in names}
 
 
-def _problem(chat: bool, body: dict[str, Any]) -> str | None:
+def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
+    """Why the router refuses this request before any engine sees it, or None.
+
+    One conversation turn maps to one prefill and one decode: batches.py serves several choices (`n`, `best_of`)
+    and prompt lists before this; any that still reach here (another front) are refused rather than half-run.
+    """
     if chat and not (isinstance(body.get("messages"), list) and body["messages"]):
         return "`messages` must be a non-empty list"
     if not chat and body.get("prompt") in (None, "", []):
         return "`prompt` is required"
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is not None and value != 1:
+            return f"`{name}` must be 1 (got {value!r}): send one request per choice"
+    prompt = body.get("prompt")
+    if not chat and isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        return f"`prompt` is a list of {len(prompt)} prompts: send one prompt per request"
     return None
+
+
+def owner(scope: Scope, body: dict[str, Any]) -> str:
+    """Whose conversations these are: the client's credentials (`Authorization`, Anthropic's `x-api-key`) and its
+    `cache_salt`. Handles and derived conversations never cross owners, so nobody learns or spends another's KV by
+    knowing its conversation id."""
+    auth = b"\0".join(v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key"))
+    salt = body.get("cache_salt")
+    if not auth and salt is None:
+        return ""
+    mac = hashlib.blake2b(auth + b"\0" + repr(salt).encode(), key=_SCOPE_KEY, digest_size=12)
+    return mac.hexdigest()
 
 
 def _unavailable(pool: Pool) -> str:
@@ -50,10 +81,12 @@ def conversation(
     pinned = scope.get("pdctl.conversation")
     if isinstance(pinned, str):  # already resolved by an agent-API front (a Responses previous_response_id)
         return pinned, None
+    who = owner(scope, body)
     given = explicit_id(scope.get("pdctl.cid"), _header(scope, (b"x-conversation-id", b"x-session-id")))
     if given is not None:
-        return given, None
-    d = state.index.derive_chat(body["messages"]) if chat else state.index.derive_prompt(body["prompt"])
+        return (f"{who}|{given}" if who else given), None
+    index = state.index
+    d = index.derive_chat(body["messages"], who) if chat else index.derive_prompt(body["prompt"], who)
     if d.kind == "none":
         return None, None
     return d.cid or new_id(), d
@@ -99,51 +132,100 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -
 
 
 async def completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+    """Serve one completion request; everything it started upstream is cancelled if its client leaves."""
+    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, scope, receive, out, chat)):
+        log.info("[%s] client disconnected; its upstream work was cancelled", scope.get("pdctl.rid", "-"))
+
+
+async def _admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
+    try:
+        await gate.acquire()
+    except Overloaded as e:
+        retry = [(b"retry-after", str(RETRY_AFTER_S).encode()), *(headers or ())]
+        await send_error(send, e.status, e.message, retry)
+        return False
+    return True
+
+
+async def _completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
     started = time.perf_counter()
     rid: str = scope["pdctl.rid"]
     body: dict[str, Any] = scope["pdctl.body"]
-    problem = _problem(chat, body)
+    problem = unsupported(chat, body)
     if problem:
         await send_error(send, 400, problem)
         return
     cid, derivation = conversation(state, scope, chat, body)
     scope["pdctl.conversation"] = cid
-    p = state.prefill_policy.pick(state.prefill, cid or rid)
-    if p is None or not state.decode.healthy():
-        await send_error(send, 503, _unavailable(state.prefill if p is None else state.decode))
+    if not state.prefill.healthy() or not state.decode.healthy():
+        await send_error(send, 503, _unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return
-    taken = state.handles.take(cid) if cid else Taken(None, NOT_ELIGIBLE)
+    if not await _admit(state.decode_gate, send):
+        return
+    taken = state.handles.take(cid, state.stale) if cid else Taken(None, NOT_ELIGIBLE)
     try:
-        need_ids = taken.handle is not None and state.config.verify_prefix
-        ids = await _prompt_ids(state, p, chat, body) if need_ids else None
-        local = local_decode(state, taken.handle, ids)
-        if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
-                                                   derivation, started):
+        await _turn(state, scope, receive, send, rid, chat, body, cid, derivation, taken, started)
+    finally:
+        state.decode_gate.release()
+        if taken.handle is not None and cid is not None:
+            state.handles.release(cid)
+
+
+async def _turn(
+    state: RouterState, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool, body: dict[str, Any],
+    cid: str | None, derivation: Derivation | None, taken: Taken, started: float,
+) -> None:
+    p = state.prefill_policy.pick(state.prefill, cid or rid)
+    if p is None:
+        await send_error(send, 503, _unavailable(state.prefill))
+        return
+    need_ids = taken.handle is not None and state.config.verify_prefix
+    ids = await _prompt_ids(state, p, chat, body) if need_ids else None
+    local = local_decode(state, taken.handle, ids)
+    if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
+                                               derivation, started):
+        return
+    verdict = _verdict(state, taken, ids)
+    for attempt in range(2):
+        if not await _admit(state.prefill_gate, send):
             return
-        verdict = _verdict(state, taken, ids)
-        pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict)
+        try:
+            pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict)
+        finally:
+            state.prefill_gate.release()
         v = pre.verdict
-        state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
+        if attempt == 0:
+            state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
         state.metrics.prefill_seconds.observe(pre.ms / 1000)
         log.info("[%s] Prefill done in %.0fms (kv %s)", rid, pre.ms, v.header)
         headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), (b"x-pd-kv-reuse", v.header.encode())]
         if pre.status != 200:
-            if pre.status >= 500:
-                await send_error(send, 502, pre.error.decode(), headers)
-            else:
-                await send_bytes(send, pre.status, pre.error, headers)
+            await send_bytes(send, pre.status, pre.error, headers)
             return
         holder = taken.handle.decode_url if taken.handle is not None else ""
         res = await decode.run(state, receive, send, scope["path"], rid, chat, body, pre.params, holder, headers,
                                started)
-        if not res.sent:
-            await send_error(send, 502, _unavailable(state.decode).replace("no healthy", "no working"), headers)
+        if res.sent:
+            if cid is not None and res.capture is not None and res.upstream is not None:
+                _keep(state, cid, derivation, res.capture, res.upstream)
             return
-        if cid is not None and res.capture is not None and res.upstream is not None:
-            _keep(state, cid, derivation, res.capture, res.upstream.url)
-    finally:
-        if taken.handle is not None and cid is not None:
-            state.handles.release(cid)
+        if not res.redo or attempt == 1:
+            if res.error:
+                await send_bytes(send, 502, res.error, headers)
+            else:
+                await send_error(send, 502, _unavailable(state.decode).replace("no healthy", "no working"), headers)
+            return
+        # The decode could not use this prefill's KV (e.g. the prefill died before the pull): compute it again,
+        # on another prefill where there is one. A handle the first prefill read is spent.
+        log.warning("[%s] decode could not use the prefill's KV; running the prefill again", rid)
+        used = [pre.upstream] if pre.upstream is not None else []
+        others = [u for u in state.prefill.healthy() if u not in used]
+        nxt = state.prefill_policy.pick(state.prefill, cid or rid, exclude=used if others else [])
+        if nxt is None:
+            await send_error(send, 503, _unavailable(state.prefill), headers)
+            return
+        p = nxt
+        verdict = miss("prefill_redone") if verdict.outcome != "miss" else verdict
 
 
 async def _local_turn(
@@ -176,12 +258,13 @@ async def _local_turn(
     return True
 
 
-def _keep(state: RouterState, cid: str, derivation: Derivation | None, capture: Capture, decode_url: str) -> None:
-    """Store the decode's new handle for the conversation's next turn."""
+def _keep(state: RouterState, cid: str, derivation: Derivation | None, capture: Capture, d: Upstream) -> None:
+    """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation."""
     if capture.params is None:
         state.handles.mark(cid, "no_handle_returned")
         return
+    state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
     now = state.handles.clock()
-    state.handles.put(Handle(cid, capture.params, decode_url, as_tokens(capture.held_tokens()), now,
-                             now + state.config.handle_lifetime, key))
+    state.handles.put(Handle(cid, capture.params, d.url, as_tokens(capture.held_tokens()), now,
+                             now + state.config.handle_lifetime, key, generation=d.generation))

@@ -41,19 +41,23 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -
     import uvicorn
 
     from pdctl.router.app import create_app
+    from pdctl.router.listener import Limits, connection_cap, protocol_class, raise_nofile
 
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call would drown the log
-    fast = importlib.util.find_spec("uvloop") is not None and importlib.util.find_spec("httptools") is not None
+    nofile = raise_nofile()
+    cap = connection_cap(config.max_client_connections, nofile)
+    logging.getLogger("pdctl.router").info("open-file limit %d; at most %d client connections", nofile, cap)
+    limits = Limits(config.header_timeout, config.max_headers, config.max_header_bytes, cap)
     uvicorn.run(
         create_app(config),
         host=host,
         port=port,
-        loop="uvloop" if fast else "asyncio",
-        http="httptools" if fast else "h11",
+        loop="uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
+        http=protocol_class(limits),
         log_level=log_level,
         access_log=False,
         lifespan="on",
         backlog=4096,
-        timeout_keep_alive=30,
+        timeout_keep_alive=max(1, round(config.idle_timeout)),
     )

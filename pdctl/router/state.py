@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pdctl.router.admission import Gate
 from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
-from pdctl.router.handles import HandleTable
+from pdctl.router.handles import Handle, HandleTable
 from pdctl.router.metrics import RouterMetrics
 from pdctl.router.upstreams import AffinityRing, HolderFirst, Pool, Selector
 
@@ -23,6 +24,8 @@ class RouterState:
     index: DerivedIndex
     handles: HandleTable
     metrics: RouterMetrics
+    prefill_gate: Gate
+    decode_gate: Gate
     client: httpx.AsyncClient | None = field(default=None)
 
     @classmethod
@@ -39,6 +42,8 @@ class RouterState:
             index=index,
             handles=HandleTable(config.max_handles, index=index),
             metrics=RouterMetrics(),
+            prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
+            decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
         )
 
     @property
@@ -46,6 +51,11 @@ class RouterState:
         if self.client is None:
             raise RuntimeError("the router's HTTP client is opened by the app's lifespan")
         return self.client
+
+    def stale(self, h: Handle) -> bool:
+        """Whether the decode that issued `h` may have died since (ejected, restarted, gone from the config)."""
+        u = self.decode.by_url(h.decode_url)
+        return u is None or not u.healthy or u.generation != h.generation
 
     def stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode)

@@ -75,6 +75,7 @@ class _Conn(asyncio.Protocol):
         self.error = exc
         if not self.head.done():
             self.head.set_exception(exc)
+            self.head.exception()  # retrieved: nobody may await the head of a connection that died idle
         self._wake()
         if self.transport is not None:
             self.transport.close()
@@ -89,6 +90,24 @@ class _Conn(asyncio.Protocol):
                 raise self.error
             self.waiter = asyncio.get_running_loop().create_future()
             await _wait(self.waiter, timeout, "upstream sent nothing in time")
+
+
+def _write(conn: _Conn, payload: bytes) -> None:
+    """Send a request; a transport that died under us (uvloop raises RuntimeError, asyncio OSError) is a
+    closed connection, which the caller retries like any other."""
+    if conn.transport is None or conn.transport.is_closing():
+        raise httpx.ReadError("upstream closed the connection")
+    try:
+        conn.transport.write(payload)
+    except (RuntimeError, OSError) as exc:
+        raise httpx.ReadError(f"upstream connection is closed: {exc}") from None
+
+
+def _close(conn: _Conn) -> None:
+    """Close a connection whose exchange is abandoned: the upstream sees the disconnect and aborts its work."""
+    conn.released = True
+    if conn.transport is not None:
+        conn.transport.close()
 
 
 async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) -> None:
@@ -113,8 +132,12 @@ class _Body(httpx.AsyncByteStream):
         self.conn, self.timeout = conn, timeout
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.conn.body(self.timeout):
-            yield chunk
+        try:
+            async for chunk in self.conn.body(self.timeout):
+                yield chunk
+        except BaseException:
+            _close(self.conn)
+            raise
 
     async def aclose(self) -> None:
         self.conn.pool.release(self.conn)
@@ -156,17 +179,17 @@ class FastTransport(httpx.AsyncBaseTransport):
         payload = b"".join(lines)
         for fresh in (False, True):
             conn, reused = await self._connect(key, timeouts.get("connect"), reuse=not fresh)
-            assert conn.transport is not None
-            conn.transport.write(payload)
             try:
+                _write(conn, payload)
                 await _wait(conn.head, timeouts.get("read"), "upstream sent no response in time")
                 break
             except httpx.ReadError:
-                # An idle keep-alive connection the upstream closed just now: retry once on a new one.
+                # A pooled keep-alive connection the upstream closed just now: retry once on a new one.
+                _close(conn)
                 if not reused or conn.headers:
                     raise
-            except httpx.HTTPError:
-                conn.transport.close()
+            except BaseException:  # timeouts, protocol errors, and the caller's cancellation (its client left)
+                _close(conn)
                 raise
         return httpx.Response(conn.parser.get_status_code(), headers=conn.headers,
                               stream=_Body(conn, timeouts.get("read")), extensions={"http_version": b"HTTP/1.1"})

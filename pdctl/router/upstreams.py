@@ -1,7 +1,11 @@
 """Prefill and decode pools: health, load, and the two selection policies.
 
-An upstream is ejected after `eject_after` consecutive failures (requests or health checks) or at once when it
-dies mid-stream, and re-admitted by the first health check that passes. Selection is bounded-load:
+An upstream is ejected after `eject_after` consecutive failures of its health (health checks, connections
+refused or reset) or at once when it dies mid-stream, and re-admitted by the first health check that passes. A
+request's own 5xx answer is that request's answer, never a health failure; slowness (a read timeout) never
+ejects the last healthy instance of a role. Every sign that the process may have died (refused, reset, a changed
+engine id) starts a new `generation`: handles an earlier generation issued point at KV that no longer exists.
+Selection is bounded-load:
     prefill  consistent hashing on the conversation (its prefix cache stays warm), skipping instances above
              load_factor x the mean outstanding load (Mirrokni et al., "Consistent Hashing with Bounded Loads")
     decode   the instance that holds the conversation's blocks (its prefix cache saves the P->D pull) while
@@ -26,9 +30,12 @@ class Upstream:
     outstanding: int = 0
     failures: int = 0
     errors_total: int = 0
+    generation: int = 0
+    engine_id: str | None = None
 
     def snapshot(self) -> dict[str, object]:
-        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "failures": self.failures}
+        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "failures": self.failures,
+                "generation": self.generation}
 
 
 class Pool:
@@ -47,16 +54,32 @@ class Pool:
         u.failures = 0
         u.healthy = True
 
-    def failed(self, u: Upstream) -> None:
+    def failed(self, u: Upstream, slow: bool = False) -> None:
+        """One failed health signal; `slow` (a timeout: the process answered nothing in time but may be alive)
+        never ejects the role's last healthy instance, which would turn overload into an outage."""
         u.failures += 1
         u.errors_total += 1
-        if u.failures >= self.eject_after:
+        if u.healthy and u.failures >= self.eject_after and not (slow and self.healthy() == [u]):
             u.healthy = False
+            self.lost(u)
 
     def eject(self, u: Upstream) -> None:
         u.errors_total += 1
         u.failures = max(u.failures + 1, self.eject_after)
         u.healthy = False
+        self.lost(u)
+
+    def lost(self, u: Upstream) -> None:
+        """The process may have died (and been restarted): nothing it held before is trusted any more."""
+        u.generation += 1
+
+    def saw_engine(self, u: Upstream, engine_id: object) -> None:
+        """An answer named the engine behind `u`; a different one than before is a restarted process."""
+        if not isinstance(engine_id, str):
+            return
+        if u.engine_id is not None and u.engine_id != engine_id:
+            self.lost(u)
+        u.engine_id = engine_id
 
     def snapshot(self) -> list[dict[str, object]]:
         return [u.snapshot() for u in self.members]

@@ -58,6 +58,8 @@ class SimConfig:
     extra_latency_ms: float = 0.0
     step_model: str | None = None
     max_num_batched_tokens: int | None = None
+    poison_marker: str | None = None
+    kv_pull_delay_ms: float = 0.0
     stream_kv_params: bool = True
     api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
@@ -126,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step model's token budget per step (default: the profile's, vLLM's 8192)")
     s.add_argument("--api-key", default=None, help="require this Bearer token on /v1 routes (or VLLM_API_KEY)")
+    s.add_argument("--poison-marker", default=None,
+                   help="fault: a request whose body contains this text fails with HTTP 500 (a poison prompt)")
+    s.add_argument("--kv-pull-delay-ms", type=float, default=0.0,
+                   help="fault: wait this many wall-clock ms before each remote KV read (a busy engine)")
     s.add_argument("--stream-kv-params", action=argparse.BooleanOptionalAction, default=True,
                    help="put kv_transfer_params in a stream's final chunk; --no-stream-kv-params: as vLLM < 0.33 "
                    "without pdctl's patch")
@@ -176,6 +182,8 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         extra_latency_ms=args.extra_latency_ms,
         step_model=args.step_model,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        poison_marker=args.poison_marker or None,
+        kv_pull_delay_ms=args.kv_pull_delay_ms,
         stream_kv_params=args.stream_kv_params,
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),

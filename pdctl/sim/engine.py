@@ -94,6 +94,7 @@ class Run:
         if not self.closed:
             self.closed = True
             self._leave_batch()
+            self.engine.metrics.lab(self.engine.metrics.aborted).inc()
             self.engine.pool.free_blocks(self.block_ids)
             self.engine.release_slot()
 
@@ -227,6 +228,8 @@ class Engine:
             asyncio.get_running_loop().create_task(self.reader.notify(params))
             return 0, 0.0, seq
         k = pool.blocks_for(limit) - hit_blocks
+        if cfg.kv_pull_delay_ms:
+            await asyncio.sleep(cfg.kv_pull_delay_ms / 1000)
         try:
             if d2p and await self.reader.expired(params):
                 raise ReadFailed("expired handle")

@@ -54,7 +54,10 @@ class SimMetrics:
         self.corrupt = Counter(
             "pdctl_sim_corrupt_reuse", "KV reuses whose blocks did not hold the prompt's prefix.", labels, registry=r
         )
-        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens,
+        self.aborted = Counter("pdctl_sim_aborted_requests", "Requests aborted before they finished (client gone).",
+                               labels, registry=r)
+        for metric in (self.aborted, self.running, self.waiting,
+                       self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
                        self.failed_notifs, self.expired, self.corrupt):

@@ -12,8 +12,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -33,6 +33,7 @@ from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
+T = TypeVar("T")
 
 
 def _error(e: EngineError) -> JSONResponse:
@@ -137,21 +138,30 @@ class SimServer:
 
     async def _generate(self, request: Request, chat: bool) -> Response:
         try:
-            p = protocol.parse(await self._json(request), chat, self.served_names, self.cfg.max_model_len)
+            body = await self._json(request)
+            marker = self.cfg.poison_marker
+            if marker and marker in json.dumps(body):
+                raise EngineError(500, "Internal server error: the engine failed on this request "
+                                  "(--poison-marker)", "InternalServerError")
+            p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
             rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
             if p.n > 1:
                 return await self._samples(p, rid, internal)
             forced = p.tool.ids if p.tool else None
-            run = await self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking,
-                                                     forced))
+            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced))
+            run = await _unless_gone(request, start)
         except EngineError as e:
             return _error(e)
+        except _ClientGone:
+            return Response(status_code=499)
         if p.stream:
             stream = self._stream(p, rid, run) if p.tool is None else self._stream_slow(p, rid, [run])
             return StreamingResponse(stream, media_type="text/event-stream")
         try:
-            output = [t async for t in run.tokens()]
+            output = await _unless_gone(request, _collect(run))
             kv = run.finish()
+        except _ClientGone:  # vLLM aborts a request whose client disconnected, streaming or not
+            return Response(status_code=499)
         finally:
             run.abort()
         self._count_finished()
@@ -343,6 +353,35 @@ def _authorized(scope: Scope, key: str) -> bool:
     given = [token] if scheme.lower() == "bearer" else []
     given += [headers["x-api-key"]] if headers.get("x-api-key") else []
     return any(secrets.compare_digest(hashlib.sha256(g.encode()).digest(), want) for g in given)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _collect(run: Run) -> list[int]:
+    return [t async for t in run.tokens()]
+
+
+async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await `work`, cancelling it (and raising _ClientGone) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise _ClientGone
 
 
 def _listen(host: str, port: int) -> socket.socket:

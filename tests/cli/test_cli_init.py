@@ -25,7 +25,8 @@ def test_no_arguments_lists_the_examples_a_line_each() -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == len(examples())
-    assert "local-sim     Everything on this machine, no GPU: simulated prefill and decode engines" in lines
+    width = max(len(e.name) for e in examples()) + 2  # names padded to the longest one
+    assert f"{'local-sim':<{width}}Everything on this machine, no GPU: simulated prefill and decode engines" in lines
     assert result.stderr.strip() == "write one with: pdctl init --example NAME [-o FILE]"
 
 

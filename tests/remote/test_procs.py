@@ -17,6 +17,7 @@ def test_systemd_branch_runs_a_transient_unit_with_unlimited_memlock() -> None:
     script = start_script(_job())
     line = next(x for x in script.splitlines() if "systemd-run --unit" in x)
     assert "systemd-run --unit pdctl-demo-decode-0 --collect --quiet -p LimitMEMLOCK=infinity" in line
+    assert "-p LimitNOFILE=1048576" in line
     assert "--setenv=PDCTL_DEPLOYMENT=demo" in line
     assert "'--setenv=X=two words'" in line
     assert "-p StandardOutput=append:\"$LOG\"" in line
@@ -28,6 +29,7 @@ def test_systemd_branch_runs_a_transient_unit_with_unlimited_memlock() -> None:
 
 def test_setsid_branch_detaches_and_prints_the_pid() -> None:
     script = start_script(_job())
+    assert '  ulimit -n "$(ulimit -Hn)" 2>/dev/null || true' in script.splitlines()
     line = next(x for x in script.splitlines() if " setsid " in x)
     assert line.strip().startswith("env -- PDCTL_DEPLOYMENT=demo FI_PROVIDER=efa 'X=two words' setsid ")
     assert line.strip().endswith('>> "$LOG" 2>&1 < /dev/null &')

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,24 +11,11 @@ import httpx
 import pytest
 
 from tests.router.conftest import SPEED, RouterProc, corrupt, router_process
+from tests.router.faults import eventually, kill
 from tests.router.talk import Conversation, Reply
-from tests.support.sim_procs import SimPair, SimProc, sim_pair, sim_process
+from tests.support.sim_procs import SimPair, sim_pair, sim_process
 
 GEN = "vllm:generation_tokens_total"
-
-
-def eventually(check: Callable[[], bool], within: float = 15) -> bool:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def kill(sim: SimProc) -> None:
-    os.killpg(sim.proc.pid, signal.SIGKILL)
-    sim.proc.wait(timeout=10)
 
 
 def test_expired_handles_are_swept_and_never_sent(pd: SimPair, tmp_path: Path) -> None:
@@ -162,3 +146,30 @@ def test_2p2d_keeps_each_conversation_on_one_prefill_and_one_decode(tmp_path: Pa
             used.add((grew[0] > 0, grew[2] > 0))
         assert len(used) > 1  # and the conversations spread over the instances
         assert corrupt(*engines) == 0
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+def test_poison_prompts_are_their_own_answer_and_eject_nothing(tmp_path: Path, side: str) -> None:
+    fault = ["--poison-marker", "POISON-PILL"]
+    with (
+        sim_pair(tmp_path, speed=SPEED, **{f"{side}_args": fault}) as pair,  # type: ignore[arg-type]
+        router_process(tmp_path, [pair.prefill_url], [pair.decode_url]) as router,
+    ):
+        def poison(i: int) -> httpx.Response:
+            body = {"model": "Qwen", "prompt": f"POISON-PILL {i}", "max_tokens": 4}
+            return httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+
+        def innocent(i: int) -> Reply:
+            return Conversation(router.url, True, False, "body", uuid.uuid4().hex).turn(f"innocent {i}")
+
+        with ThreadPoolExecutor(12) as pool:
+            bad = [pool.submit(poison, i) for i in range(6)]
+            good = [pool.submit(innocent, i) for i in range(12)]
+            poisoned, replies = [f.result() for f in bad], [f.result() for f in good]
+        assert all(r.status == 200 and r.text for r in replies)  # 0 failures for everyone else
+        for r in poisoned:
+            err = r.json()["error"]
+            assert r.status_code == 502 and err["code"] == 502 and "--poison-marker" in err["message"]
+        stats = router.stats()
+        assert [(u["healthy"], u["failures"]) for u in (*stats["prefill"], *stats["decode"])] == [(True, 0)] * 2
+        assert "ejected" not in router.log_text()

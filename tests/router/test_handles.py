@@ -83,3 +83,15 @@ def test_index_follows_the_table() -> None:
     assert len(index) == 1
     table.take("c")
     assert len(index) == 0
+
+
+def test_a_handle_whose_decode_may_have_died_is_dropped_unused() -> None:
+    from pdctl.router.handles import RESTARTED
+
+    table = HandleTable(8, clock=lambda: 0.0)
+    table.put(Handle("c1", {"remote_num_tokens": 16}, "http://d", None, 0.0, 100.0, generation=1))
+    table.put(Handle("c2", {"remote_num_tokens": 16}, "http://d", None, 0.0, 100.0, generation=1))
+    taken = table.take("c1", stale=lambda h: h.generation != 2)
+    assert (taken.handle, taken.reason) == (None, RESTARTED)
+    assert table.take("c1").reason == RESTARTED  # the next turn's miss says why too
+    assert table.sweep(stale=lambda h: True) == 1 and len(table) == 0

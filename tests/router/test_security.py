@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -107,3 +108,63 @@ def test_engine_client_errors_are_relayed_without_hosts(router: RouterProc) -> N
                    json={"model": "Qwen", "prompt": "word " * 40000, "max_tokens": 2})
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
     assert_clean(r.content, r.headers)
+
+
+@pytest.mark.parametrize("mode", ["body", "derived"])
+def test_a_stranger_learns_nothing_from_the_owners_conversation(router: RouterProc, pd: SimPair, mode: str) -> None:
+    cid = uuid.uuid4().hex
+    owner = Conversation(router.url, True, True, mode, cid)
+    owner.client.headers["authorization"] = "Bearer owner-" + cid
+    owner.turn("my secret plan is to " * 8)
+    body = owner.body(" guess")  # the owner's exact history and id: the best possible guess
+    newcomer = Conversation(router.url, True, True, "body", uuid.uuid4().hex).body("x")
+    fresh = send(httpx.Client(timeout=30), router.url, newcomer, {"authorization": "Bearer nobody"})
+    for headers, extra in (({"authorization": "Bearer stranger"}, {}),
+                           ({"authorization": "Bearer owner-" + cid}, {"cache_salt": "another-tenant"})):
+        probe = send(httpx.Client(timeout=30), router.url, {**body, **extra}, headers)
+        assert probe.status == 200
+        assert probe.reuse == fresh.reuse == "miss;tokens=0;reason=new_conversation"
+    assert owner.turn(" and then").outcome == "hit"  # the probes neither saw nor spent the owner's handle
+    assert corrupt(pd.prefill, pd.decode) == 0
+
+
+@pytest.mark.parametrize("depth", [300, 1000, 5000])
+def test_deeply_nested_json_is_400(router: RouterProc, depth: int) -> None:
+    nested = b"[" * depth + b"]" * depth
+    content = b'{"model": "Qwen", "prompt": "hi", "max_tokens": 2, "junk": ' + nested + b"}"
+    r = httpx.post(router.url + "/v1/completions", content=content, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert_error(r, 400, "nests deeper than 128 levels" if depth <= 1024 else "not valid JSON")
+
+
+def test_relayed_engine_errors_carry_no_router_internals(router: RouterProc) -> None:
+    conv = Conversation(router.url, False, False, "body", uuid.uuid4().hex)
+    conv.turn("a first turn so the next one carries a handle " * 4)
+    body = conv.body(" next")
+    del body["model"]  # the engines answer 400 and echo the request, kv_transfer_params included
+    r = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+    assert_error(r, 400, "Field required")
+    assert_clean(r.content, r.headers)
+    assert b"remote_" not in r.content and b"'input': <omitted>" in r.content
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"])
+def test_non_json_content_types_are_415(router: RouterProc, ctype: str) -> None:
+    r = httpx.post(router.url + "/v1/completions", content=b'{"model": "Qwen", "prompt": "hi"}', timeout=30,
+                   headers={"content-type": ctype})
+    assert_error(r, 415, "must be application/json")
+
+
+def test_http_1_0_clients_get_whole_replies_never_chunked(router: RouterProc) -> None:
+    host, port = router.url.removeprefix("http://").split(":")
+    body = b'{"model": "Qwen", "prompt": "old client", "max_tokens": 3, "stream": true}'
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding" not in head.lower()
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-len"))
+    assert len(payload) == length and payload.endswith(b"data: [DONE]\n\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -67,3 +68,39 @@ def test_refused_and_slow_upstreams_raise_httpx_errors(port: object) -> None:
         server.close()
 
     asyncio.run(main())
+
+
+def test_pooled_connections_the_upstream_closes_are_retried_never_raised() -> None:
+    """An upstream that closes every connection right after answering (keep-alive promised, not kept), on uvloop
+    as the router runs: no request fails, nothing escapes as a non-httpx error or an unretrieved future."""
+    import gc
+
+    import uvloop
+
+    problems: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: problems.append(str(ctx.get("message"))))
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+            writer.transport.abort()  # a reset, as a dying engine's sockets send
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(transport=FastTransport()) as client:
+            for burst in range(20):
+                replies = await asyncio.gather(*(client.get(f"http://127.0.0.1:{port}/x") for _ in range(10)))
+                assert [r.content for r in replies] == [b"ok"] * 10, burst
+                if burst % 2:
+                    await asyncio.sleep(0)  # sometimes let the resets land before the next burst, sometimes not
+        server.close()
+        gc.collect()
+        await asyncio.sleep(0.05)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    assert problems == []

@@ -69,3 +69,31 @@ def test_idle_decodes_share_new_conversations() -> None:
     policy = HolderFirst()
     got = Counter(policy.pick(pool, "").url for _ in range(10))  # type: ignore[union-attr]
     assert got == {"http://d0": 5, "http://d1": 5}
+
+
+def test_slowness_never_ejects_the_last_healthy_instance_but_a_dead_one_goes() -> None:
+    pool = Pool("decode", ["http://a", "http://b"], eject_after=2)
+    a, b = pool.members
+    for _ in range(2):
+        pool.failed(a, slow=True)
+    assert not a.healthy  # another instance is left: a slow one may go
+    for _ in range(5):
+        pool.failed(b, slow=True)
+    assert b.healthy and pool.healthy() == [b]  # the last one stays for timeouts...
+    pool.failed(b)
+    assert not b.healthy  # ...but not for a refused connection
+
+
+def test_ejection_a_loss_or_a_new_engine_id_starts_a_new_generation() -> None:
+    pool = Pool("decode", ["http://a"], eject_after=3)
+    a = pool.members[0]
+    pool.saw_engine(a, "engine-1")
+    assert a.generation == 0
+    pool.saw_engine(a, "engine-1")
+    assert a.generation == 0
+    pool.saw_engine(a, "engine-2")
+    assert a.generation == 1 and a.engine_id == "engine-2"
+    pool.lost(a)
+    assert a.generation == 2
+    pool.eject(a)
+    assert a.generation == 3 and not a.healthy

@@ -93,10 +93,11 @@ def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float
               num_blocks: int = 4000, max_model_len: int = 32768, max_num_seqs: int = 64,
               prefix_caching: bool | None = None, bidirectional: bool = True, threshold: int = 0,
               ttl: float = 480, policy: str = "fail", args: Sequence[str] = (),
-              wait_s: float = 30) -> SimProc:
-    """Start one simulator and wait for /health. Prefill defaults to no prefix caching, as the anchor setup."""
+              wait_s: float = 30, port: int | None = None, side_port: int | None = None) -> SimProc:
+    """Start one simulator and wait for /health. Prefill defaults to no prefix caching, as the anchor setup.
+    `port`/`side_port` pin the ports (a restart in place: `start_sim(..., port=old.port, side_port=old.side_port)`)."""
     name = name or role
-    port, side_port = free_port(), free_port()
+    port, side_port = port or free_port(), side_port or free_port()
     log_path = Path(log_dir) / f"{name}.log"
     caching = (role == "decode") if prefix_caching is None else prefix_caching
     argv = [sys.executable, "-m", "pdctl.sim", "serve", MODEL, "--role", role, "--host", "127.0.0.1",
