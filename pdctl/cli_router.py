@@ -45,6 +45,13 @@ def serve(
                      "of the prompt's tokens is computed there, without the prefill hop; 0: always disaggregate. "
                      "Needs --verify-prefix."),
     ] = 0,
+    local_policy: Annotated[
+        str, typer.Option(help="Which of those turns run on the decode: always, or load (only while the decode has "
+                          "fewer than --local-busy-streams requests in flight or the prefill is busy too).")
+    ] = "always",
+    local_busy_streams: Annotated[
+        int, typer.Option(help="--local-policy load: requests in flight from which a decode counts as busy.")
+    ] = 4,
     api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key clients must send.")] = None,
     engine_key_file: Annotated[
         str | None, typer.Option(help="File holding the API key the engines require (sent as a Bearer token).")
@@ -90,6 +97,7 @@ def serve(
         prefill=tuple(prefill), decode=tuple(decode), model=model, block_size=block_size, handle_ttl=handle_ttl,
         decoder_kv_blocks_ttl=decoder_kv_blocks_ttl, expiry_margin=expiry_margin, verify_prefix=verify_prefix,
         partial_reuse=partial_reuse, local_prefill_tokens=local_prefill_tokens,
+        local_policy=local_policy, local_busy_streams=local_busy_streams,  # type: ignore[arg-type]
         api_key=api_key_from_env(api_key_env), engine_key=engine_key_from_file(engine_key_file),
         max_body_bytes=max_body_bytes,
         max_handles=max_handles, health_interval=health_interval, sweep_interval=sweep_interval,

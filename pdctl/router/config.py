@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pdctl.errors import UsageError
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime
 from pdctl.router.identity import DEFAULT_HEADERS
+from pdctl.router.placement import POLICIES, LocalPolicy
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class RouterConfig:
     verify_prefix: bool = True
     partial_reuse: bool = True
     local_prefill_tokens: int = 0
+    local_policy: LocalPolicy = "always"
+    local_busy_streams: int = 4
     api_key: str | None = field(default=None, repr=False)
     engine_key: str | None = field(default=None, repr=False)
     """Sent to the engines as `Authorization: Bearer`; they refuse everyone else."""
@@ -67,6 +70,10 @@ class RouterConfig:
             )
         if self.local_prefill_tokens < 0:
             problems.append(f"--local-prefill-tokens must be >= 0, got {self.local_prefill_tokens}")
+        if self.local_policy not in POLICIES:
+            problems.append(f"--local-policy must be one of {', '.join(POLICIES)}, got {self.local_policy!r}")
+        if self.local_busy_streams < 1:
+            problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

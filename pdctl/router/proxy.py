@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from pdctl.router import decode, prefill
+from pdctl.router import decode, placement, prefill
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.conversation import Derivation, explicit_id, new_id
@@ -112,9 +112,11 @@ def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdic
     return verify(h.params, h.tokens, ids, state.config.block_size, state.config.partial_reuse)
 
 
-def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -> tuple[Upstream, int] | None:
+def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None,
+                 prefill: Upstream | None = None) -> tuple[Upstream, int] | None:
     """Conditional disaggregation: the decode holding the conversation, and how many of the prompt's tokens its
-    prefix cache holds, when it lacks at most `local_prefill_tokens` of them; else None (disaggregate)."""
+    prefix cache holds, when it lacks at most `local_prefill_tokens` of them and the placement policy (given the
+    decode's and `prefill`'s requests in flight) runs it there; else None (disaggregate)."""
     limit = state.config.local_prefill_tokens
     if limit <= 0 or h is None or ids is None:
         return None
@@ -126,7 +128,12 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None) -
         return None
     bs = state.config.block_size
     cached = matching_blocks(known, ids, bs) * bs  # vLLM's prefix cache holds whole blocks
-    if cached == 0 or len(ids) - cached > limit:
+    if cached == 0:
+        return None
+    cfg = state.config
+    prefill_load = placement.Load(prefill.outstanding) if prefill is not None else None
+    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.Load(holder.outstanding),
+                                 prefill_load, cfg.local_busy_streams):
         return None
     return holder, cached
 
@@ -181,7 +188,7 @@ async def _turn(
         return
     need_ids = taken.handle is not None and state.config.verify_prefix
     ids = await _prompt_ids(state, p, chat, body) if need_ids else None
-    local = local_decode(state, taken.handle, ids)
+    local = local_decode(state, taken.handle, ids, p)
     if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
                                                derivation, started):
         return

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from pdctl.errors import UsageError
+from pdctl.router.config import RouterConfig
 from pdctl.router.placement import Load, run_locally
 
 
@@ -23,3 +27,11 @@ def test_load_sends_the_turn_to_an_idle_prefill_when_the_decode_is_busy() -> Non
 def test_load_keeps_it_local_when_the_prefill_is_busy_too() -> None:
     assert run_locally("load", 1000, 4096, Load(6), Load(1), 4)
     assert run_locally("load", 1000, 4096, Load(6), None, 4)  # no prefill to compare with
+
+
+def test_the_router_refuses_an_unknown_policy() -> None:
+    with pytest.raises(UsageError) as e:
+        RouterConfig(prefill=("http://p",), decode=("http://d",), local_policy="sometimes",  # type: ignore[arg-type]
+                     local_busy_streams=0)
+    assert e.value.message == ("invalid router options: --local-policy must be one of always, load, got "
+                               "'sometimes'; --local-busy-streams must be >= 1, got 0")
