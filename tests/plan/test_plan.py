@@ -132,7 +132,7 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     sets = ["router.local_prefill_tokens=1024", "router.local_policy=load", "router.local_busy_streams=6"]
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", sets), SELF_PYTHON)
     i = router.argv.index("--local-policy")
-    assert router.argv[i:i + 4] == ["--local-policy", "load", "--local-busy-streams", "6"]
+    assert list(router.argv[i:i + 4]) == ["--local-policy", "load", "--local-busy-streams", "6"]
 
 
 def test_conversation_headers_reach_the_router_in_order() -> None:
