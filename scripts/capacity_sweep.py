@@ -2,9 +2,11 @@
 2P2D, engines on the step model calibrated to H200s with CUDA graphs, block 256 (pdctl's GPU defaults).
 
 Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation: warm turns of at most
---local-tokens new tokens run on the decode alone), agg (one aggregated engine with prefix caching: one GPU, so
-its capacity per GPU is compared as well). Writes each topology's `pdctl bench` output under --out and prints
-the largest number of sessions within the SLO per leg. The machine's cores are shared: numbers are noisy.
+--local-tokens new tokens run on the decode alone), on-load (the same with router.local_policy=load: on the
+decode only while it has fewer than --busy-streams requests in flight, or the prefill is busy too), agg (one
+aggregated engine with prefix caching: one GPU, so its capacity per GPU is compared as well). Writes each
+topology's `pdctl bench` output under --out and prints the largest number of sessions within the SLO per leg.
+The machine's cores are shared: numbers are noisy.
 
     python scripts/capacity_sweep.py                                   # about 10 minutes
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
@@ -50,6 +52,8 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
     path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
     legs = ["off:connector.bidirectional_kv_xfer=false", "on:connector.bidirectional_kv_xfer=true",
             f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
+            f"on-load:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
+            f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
             "agg:mode=aggregated"]
     cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
@@ -82,6 +86,7 @@ def main() -> int:
     p.add_argument("--arrival-rate", type=float, default=2.0)
     p.add_argument("--local-tokens", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
+    p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)
