@@ -8,7 +8,8 @@ VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT:
     POST /notify     {"request_id"} -> {"freed": bool}
 Behaviour follows kv_transfer_params (do_remote_decode -> this engine is P for the request, do_remote_prefill ->
 D), as vLLM's connector does; --role only labels. Every remote read is checked against the prompt
-(`pdctl_sim_corrupt_reuse_total`). Results are simulated: the time model is timing.py.
+(`pdctl_sim_corrupt_reuse_total`). Results are simulated: the time model is timing.py, or with --step-model a
+scheduler loop per engine (scheduler.py) over the step-level model of steps.py.
 Deviations from vLLM: n=1 only; without max_tokens a request stops ("stop") after 64 chat / 16 completion
 tokens; a failed KV load answers HTTP 500 before streaming starts.
 """
