@@ -46,9 +46,9 @@ def serve(
                      "Needs --verify-prefix."),
     ] = 0,
     local_policy: Annotated[
-        str, typer.Option(help="Which of those turns run on the decode: load (only while the decode has fewer than "
-                          "--local-busy-streams requests in flight, or when the prefill is busy too) or always.")
-    ] = "load",
+        str, typer.Option(help="Which of those turns run on the decode: always, or load (only while the decode has "
+                          "fewer than --local-busy-streams requests in flight or the prefill is busy too).")
+    ] = "always",
     local_busy_streams: Annotated[
         int, typer.Option(help="--local-policy load: requests in flight from which a decode counts as busy.")
     ] = 4,

@@ -238,7 +238,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv.append("--no-verify-prefix")
     if r.local_prefill_tokens:
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
-        if r.local_policy != "load" or r.local_busy_streams != 4:  # the router's defaults
+        if r.local_policy != "always":
             argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]

@@ -195,9 +195,9 @@ class Router(Strict):
         "the decode's other streams one step of that many tokens); 0: always disaggregate.",
     )
     local_policy: Literal["always", "load"] = Field(
-        "load",
-        description="Which of those turns run on the decode: load (only while the decode has fewer than "
-        "local_busy_streams requests in flight, or when the prefill is busy too) or always (the size rule alone).",
+        "always",
+        description="Which of those turns run on the decode: always, or load (only while the decode has fewer "
+        "than local_busy_streams requests in flight, or when the prefill is busy too).",
     )
     local_busy_streams: int = Field(4, ge=1, description="local_policy load: a decode with this many requests in "
                                     "flight is busy.")

@@ -22,7 +22,7 @@ class RouterConfig:
     verify_prefix: bool = True
     partial_reuse: bool = True
     local_prefill_tokens: int = 0
-    local_policy: LocalPolicy = "load"
+    local_policy: LocalPolicy = "always"
     local_busy_streams: int = 4
     api_key: str | None = field(default=None, repr=False)
     engine_key: str | None = field(default=None, repr=False)
