@@ -211,8 +211,8 @@ def bench_play(
 
 def _profile(name: str) -> Profile:
     if name not in PROFILES:
-        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}",
-                         hint="pass --profile quick or --profile full")
+        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}, agent",
+                         hint="pass --profile quick, --profile full or --profile agent with --sweep/--slo")
     return PROFILES[name]
 
 

@@ -38,6 +38,10 @@ def test_leg_syntax() -> None:
         (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),
         (["--no-redeploy", "--leg", "a:model.block_size=64"], "--leg overrides need a redeploy"),
         (["--profile", "huge"], "--profile 'huge' is not one of quick, full"),
+        (["--profile", "agent"], "a capacity run needs --sweep sessions=... or --slo KEY=MS to search"),
+        (["--sweep", "sessions=0,2"], "--sweep 'sessions=0,2': session counts must be >= 1"),
+        (["--slo", "ttft_p90=fast"], "--slo ttft_p90='fast' is not a number of milliseconds"),
+        (["--sweep", "sessions=2", "--tool-tokens", "9-2"], "--tool-tokens '9-2' must be >= 0 with low <= high"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], message: str) -> None:
