@@ -20,6 +20,7 @@ from typing import Any
 from starlette.types import Message, Receive, Scope, Send
 
 from pdctl.router import decode, jsonx, proxy
+from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.state import RouterState
 
@@ -184,15 +185,25 @@ class _Relay:
 
 
 async def sampled(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-    """n > 1: the request on one decode alone, a miss that keeps no handle."""
+    """n > 1: the request on one decode alone, a miss that keeps no handle; admitted through the decode's gate
+    and cancelled upstream when its client leaves, like every other turn."""
+    await cancel_on_disconnect(receive, send, lambda out: _sampled(state, scope, receive, out, chat))
+
+
+async def _sampled(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
     started = time.perf_counter()
     body: dict[str, Any] = scope["pdctl.body"]
     if not state.decode.healthy():
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
     headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", f"miss;tokens=0;reason={N_REASON}".encode())]
-    res = await decode.run(state, receive, send, scope["path"], scope["pdctl.rid"], chat, body, None, "", headers,
-                           started)
+    if not await proxy.admit(state.decode_gate, send, headers):
+        return
+    try:
+        res = await decode.run(state, receive, send, scope["path"], scope["pdctl.rid"], chat, body, None, "",
+                               headers, started)
+    finally:
+        state.decode_gate.release()
     state.metrics.reuse_outcome("miss", N_REASON, 0, False)
     if not res.sent:
         await send_error(send, 502, "no working decode instance could serve the request", headers)

@@ -144,7 +144,7 @@ async def completion(state: RouterState, scope: Scope, receive: Receive, send: S
         log.info("[%s] client disconnected; its upstream work was cancelled", scope.get("pdctl.rid", "-"))
 
 
-async def _admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
+async def admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
     try:
         await gate.acquire()
     except Overloaded as e:
@@ -167,7 +167,7 @@ async def _completion(state: RouterState, scope: Scope, receive: Receive, send: 
     if not state.prefill.healthy() or not state.decode.healthy():
         await send_error(send, 503, _unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return
-    if not await _admit(state.decode_gate, send):
+    if not await admit(state.decode_gate, send):
         return
     taken = state.handles.take(cid, state.stale) if cid else Taken(None, NOT_ELIGIBLE)
     try:
@@ -194,7 +194,7 @@ async def _turn(
         return
     verdict = _verdict(state, taken, ids)
     for attempt in range(2):
-        if not await _admit(state.prefill_gate, send):
+        if not await admit(state.prefill_gate, send):
             return
         try:
             pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict)

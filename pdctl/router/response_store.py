@@ -1,9 +1,10 @@
 """The responses the router keeps so that `previous_response_id` can be honoured: bounded, expiring, in memory.
 
-An entry is the conversation so far as chat messages (input and output, without the instructions) and the
-conversation id its turn ran under. It lives as long as a decode handle does (`handle_lifetime`): past that the
-KV is gone too, and a follow-up gets a clear 400 telling the client to resend its input. Entries and their total
-size are bounded; the least recently used go first.
+An entry is the conversation so far as chat messages (input and output, without the instructions), the
+conversation id its turn ran under, and its owner (proxy.owner: the client's credentials and cache_salt). To anyone
+else the id is unknown, so a response id never hands another client the history or the KV. An entry lives as long
+as a decode handle does (`handle_lifetime`): past that the KV is gone too, and a follow-up gets a clear 400 telling
+the client to resend its input. Entries and their total size are bounded; the least recently used go first.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ MAX_BYTES = 256 * 1024 * 1024
 class Kept:
     history: list[dict[str, Any]]
     conversation: str | None
+    owner: str
     deadline: float
     size: int
 
@@ -40,20 +42,20 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def put(self, response_id: str, history: list[dict[str, Any]], conversation: str | None) -> None:
+    def put(self, response_id: str, history: list[dict[str, Any]], conversation: str | None, owner: str) -> None:
         size = len(jsonx.dumps(history))
         if size > self.max_bytes:
             return
-        self._kept[response_id] = Kept(history, conversation, self.clock() + self.lifetime, size)
+        self._kept[response_id] = Kept(history, conversation, owner, self.clock() + self.lifetime, size)
         self.size += size
         while len(self._kept) > self.max_entries or self.size > self.max_bytes:
             _, old = self._kept.popitem(last=False)
             self.size -= old.size
 
-    def get(self, response_id: str) -> Kept | None:
-        """The kept response, or None when the router never had it or it expired."""
+    def get(self, response_id: str, owner: str) -> Kept | None:
+        """The kept response, or None when the router never had it, it expired, or it is not `owner`'s."""
         kept = self._kept.get(response_id)
-        if kept is None:
+        if kept is None or kept.owner != owner:
             return None
         if self.clock() >= kept.deadline:
             del self._kept[response_id]

@@ -35,9 +35,10 @@ def chat_scope(scope: Scope, body: dict[str, Any]) -> Scope:
 async def create(state: RouterState, store: ResponseStore, scope: Scope, receive: Receive, send: Send) -> None:
     body: dict[str, Any] = scope["pdctl.body"]
     prev = body.get("previous_response_id")
+    whose = proxy.owner(scope, body)
     kept = None
     if prev is not None:
-        kept = store.get(prev) if isinstance(prev, str) else None
+        kept = store.get(prev, whose) if isinstance(prev, str) else None
         if kept is None:
             await send_error(send, 400, f"previous_response_id {prev!r} is unknown or expired: the router keeps a "
                              f"response for {store.lifetime:g}s (as long as its KV) and only when `store` is not "
@@ -56,4 +57,4 @@ async def create(state: RouterState, store: ResponseStore, scope: Scope, receive
         sub["pdctl.conversation"] = kept.conversation
     await proxy.completion(state, sub, receive, out, chat=True)
     if out.ok and renderer.finish is not None and body.get("store", True) is not False:
-        store.put(response_id, req.history + output_messages(renderer.items), sub.get("pdctl.conversation"))
+        store.put(response_id, req.history + output_messages(renderer.items), sub.get("pdctl.conversation"), whose)

@@ -146,7 +146,7 @@ class SimServer:
             p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
             rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
             if p.n > 1:
-                return await self._samples(p, rid, internal)
+                return await self._samples(request, p, rid, internal)
             forced = p.tool.ids if p.tool else None
             start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced))
             run = await _unless_gone(request, start)
@@ -216,7 +216,7 @@ class SimServer:
             return JSONResponse(agentapi.message_object(p, output, kv))
         return JSONResponse(agentapi.response_object(p, rid, output))
 
-    async def _samples(self, p: protocol.Parsed, rid: str, internal: str) -> Response:
+    async def _samples(self, request: Request, p: protocol.Parsed, rid: str, internal: str) -> Response:
         """n > 1: one run per sample, sample i > 0 writing its own tokens (vLLM fans out child requests)."""
         runs: list[Run] = []
         try:
@@ -231,9 +231,11 @@ class SimServer:
         if p.stream:
             return StreamingResponse(self._stream_slow(p, rid, runs), media_type="text/event-stream")
         try:
-            outputs = [[t async for t in run.tokens()] for run in runs]
+            outputs = [await _unless_gone(request, _collect(run)) for run in runs]
             for run in runs:
                 run.finish()
+        except _ClientGone:  # as for one sample: vLLM aborts the request (all its children)
+            return Response(status_code=499)
         finally:
             for run in runs:
                 run.abort()

@@ -7,13 +7,12 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 
 from pdctl.cli import app
 
-from .support import FAKEBIN, host_root
+from .support import FAKEBIN
 
 
 def _topology(tmp_path: Path, **efa: object) -> Path:
@@ -33,15 +32,6 @@ def _topology(tmp_path: Path, **efa: object) -> Path:
     path = tmp_path / "topo.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-@pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root, layout = host_root(tmp_path, "a")
-    spec = {"a": {"root": layout.root, "path": list(layout.path), "env": dict(layout.env)}}
-    (tmp_path / "layout.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(tmp_path / "layout.json"))
-    return root
 
 
 def test_doctor_on_a_fresh_gpu_host_lists_what_is_missing(tmp_path: Path, host: Path) -> None:

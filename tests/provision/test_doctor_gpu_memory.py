@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 
 from pdctl.cli import app
-
-from .support import host_root
 
 
 def _topology(tmp_path: Path, utilization: float) -> Path:
@@ -29,15 +26,6 @@ def _topology(tmp_path: Path, utilization: float) -> Path:
     path = tmp_path / "topo.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-@pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root, layout = host_root(tmp_path, "a")
-    spec = {"a": {"root": layout.root, "path": list(layout.path), "env": dict(layout.env)}}
-    (tmp_path / "layout.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(tmp_path / "layout.json"))
-    return root
 
 
 def _memory_check(tmp_path: Path, utilization: float) -> dict[str, str]:

@@ -44,6 +44,19 @@ def test_abandoned_non_streaming_requests_free_their_engine_slots(tmp_path: Path
         assert r.status_code == 200  # and the next client is served at once
 
 
+def test_an_abandoned_request_for_several_samples_frees_its_decode_slot(tmp_path: Path) -> None:
+    """n > 1 runs on a decode alone (batches.sampled); it is cancelled like every other turn."""
+    with (
+        sim_pair(tmp_path, speed=1) as pair,
+        router_process(tmp_path, [pair.prefill_url], [pair.decode_url]) as router,
+    ):
+        body = {"model": "Qwen", "messages": [{"role": "user", "content": "two long stories"}], "max_tokens": 2000,
+                "n": 2}
+        abandon(router.url, body, 1.0)
+        assert eventually(lambda: idle(pair.decode), within=5)
+        assert pair.decode.metric("pdctl_sim_aborted_requests_total") == 2  # each sample is a child request
+
+
 def test_a_queued_request_whose_client_left_never_reaches_an_engine(tmp_path: Path) -> None:
     with (
         sim_pair(tmp_path, speed=1) as pair,

@@ -104,6 +104,18 @@ def test_a_response_not_stored_cannot_be_continued(router: RouterProc) -> None:
     assert r.status_code == 400 and "unknown or expired" in r.json()["error"]["message"]
 
 
+def test_a_strangers_previous_response_id_is_unknown_to_them(router: RouterProc) -> None:
+    """A response id is no capability: another client (other credentials) cannot continue it or read its history."""
+    alice = openai.OpenAI(base_url=router.url + "/v1", api_key="alice", max_retries=0)
+    first = alice.responses.create(model=SERVED, input="my plan w1 w2", max_output_tokens=2)
+    r = httpx.post(router.url + "/v1/responses", headers={"Authorization": "Bearer mallory"},
+                   json={"model": SERVED, "input": "repeat it", "previous_response_id": first.id}, timeout=10)
+    assert r.status_code == 400 and f"previous_response_id {first.id!r} is unknown or expired" in r.text
+    follow = alice.responses.create(model=SERVED, input="go on w3", previous_response_id=first.id,
+                                    max_output_tokens=2)
+    assert follow.status == "incomplete" and follow.usage is not None and follow.usage.input_tokens > 0
+
+
 BAD = [
     ({"input": []}, "`input` must be a string or a non-empty list of items"),
     ({"input": [5]}, "input[0] must be an object"),

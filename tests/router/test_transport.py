@@ -104,3 +104,37 @@ def test_pooled_connections_the_upstream_closes_are_retried_never_raised() -> No
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
     assert problems == []
+
+
+class _DeadUnderUs:
+    """A pooled connection's transport in uvloop's race: not yet `is_closing()`, but its handler is gone, so
+    `write` raises RuntimeError (not an OSError, not an httpx error)."""
+
+    def __init__(self, real: asyncio.BaseTransport) -> None:
+        self.real = real
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_pooled_connection_whose_write_raises_runtime_error_is_retried_on_a_fresh_one() -> None:
+    async def main() -> None:
+        server, connections = await serve()
+        port = server.sockets[0].getsockname()[1]
+        transport = FastTransport()
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.post(f"http://127.0.0.1:{port}/echo", content=b"one")).content == b"one"
+            [pooled] = transport._idle[("127.0.0.1", port)]
+            pooled.transport = _DeadUnderUs(pooled.transport)  # type: ignore[assignment]
+            r = await client.post(f"http://127.0.0.1:{port}/echo", content=b"two")
+            assert (r.status_code, r.content) == (201, b"two")
+        assert connections[0] == 2  # the dead one was dropped and a new one made
+        server.close()
+
+    asyncio.run(main())

@@ -8,27 +8,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pdctl.cli import app
+from tests.topology.minimal import MINIMAL
 
 runner = CliRunner()
 
-BASE = """\
-name: demo
-engine: sim
-nodes:
-  - name: a
-    transport: local
-model:
-  id: Qwen/Qwen3-32B
-prefill:
-  - {node: a, port: 8100, side_channel_port: 5600}
-decode:
-  - {node: a, port: 8200, side_channel_port: 5601}
-router:
-  node: a
-  port: 8000
-python:
-  venv: null
-"""
+BASE = MINIMAL
 
 
 def validate(tmp_path: Path, text: str) -> tuple[int, str]:

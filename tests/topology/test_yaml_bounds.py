@@ -7,27 +7,11 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from pdctl.cli import app
+from tests.topology.minimal import MINIMAL
 
 runner = CliRunner()
 
-VALID = """\
-name: demo
-engine: sim
-nodes:
-  - name: a
-    transport: local
-model:
-  id: Qwen/Qwen3-32B
-prefill:
-  - {node: a, port: 8100, side_channel_port: 5600}
-decode:
-  - {node: a, port: 8200, side_channel_port: 5601}
-router:
-  node: a
-  port: 8000
-python:
-  venv: null
-"""
+VALID = MINIMAL
 
 
 def validate(path: Path, *extra: str) -> tuple[int, str]:
