@@ -136,6 +136,10 @@ def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> N
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
+    finite = [p.ttft_p90 for p in points if math.isfinite(p.ttft_p90)]
+    if math.isfinite(slo.ttft_p90) and finite and max(finite) > 6 * slo.ttft_p90:
+        ax_t.set_ylim(0, 6 * slo.ttft_p90)  # a leg far past the SLO would flatten the ones near it
+        ax_t.set_title(f"clipped at {6 * slo.ttft_p90:g} ms", fontsize=8)
     ax_t.set_ylabel("TTFT of warm turns (ms)")
     ax_i.set_ylabel("p99 of each request's largest inter-token gap (ms)")
     fig.suptitle(title)
