@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -39,6 +40,7 @@ class RequestId:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope["pdctl.t0"] = time.perf_counter()  # the router-in stage counts body reading and JSON parsing
         rid = uuid.uuid4().hex
         scope["pdctl.rid"] = rid
         header = (b"x-request-id", rid.encode())
