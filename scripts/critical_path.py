@@ -2,11 +2,12 @@
 """The warm turn's critical path: pdctl's router against a minimal two-hop proxy that verifies nothing.
 
 Both play the same multi-turn chat conversations (pdctl bench's workload, the shape of vLLM's multi-turn
-benchmark client) against the same simulated engines (a fresh prefill and decode per leg, speed 1, bidirectional
-KV, so the proxy's turns find no cache the router's left behind). The proxy is what vLLM's example proxy does with
-bidirectional KV: it keeps the decode's last handle per session and sends it to the prefill on the next turn,
-unverified. Each leg is split into the bench's stages (pdctl/bench/stages.py): router in, prefill hop, D->P
-read, P->D pull, decode first token, router out; the proxy reports the same timing headers as the router.
+benchmark client; token ids with --api completions) against the same simulated engines (a fresh prefill and
+decode per leg, speed 1, bidirectional KV, so the proxy's turns find no cache the router's left behind). The proxy
+does what vLLM's example proxy does with bidirectional KV: it keeps the decode's last handle per session and sends
+it to the prefill on the next turn, unverified. Each leg is split into the bench's stages (pdctl/bench/stages.py):
+router in, prefill hop, D->P read, P->D pull, decode first token, router out; the proxy sends the router's timing
+headers.
 
     python scripts/critical_path.py                               # 2k, 8k, 16k, 24k; 3 conversations of 4 turns
     python scripts/critical_path.py --lengths 2000,24000 --out /tmp/cp   # also a bench report with the stage plot
@@ -165,13 +166,13 @@ def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
         running.append(start(argv, logs / f"{name}.log"))
         wait_health(furl, running[2], name)
         spec = WorkloadSpec(lengths=tuple(args.lengths), conversations=args.conversations, turns=args.turns,
-                            user_tokens=args.user_tokens, output_tokens=args.output_tokens, api="chat")
-        opts = ClientOptions(url=furl, model=MODEL, api="chat", output_tokens=args.output_tokens)
+                            user_tokens=args.user_tokens, output_tokens=args.output_tokens, api=args.api)
+        opts = ClientOptions(url=furl, model=MODEL, api=args.api, output_tokens=args.output_tokens)
         result = LegResult(name, [], True, True)
-        warm = WorkloadSpec(lengths=(1000,), conversations=1, turns=2, user_tokens=50, output_tokens=4, api="chat")
-        asyncio.run(play([Conversation(p, "chat", f"warmup-{name}") for p in build(warm)], opts, name))
+        warm = WorkloadSpec(lengths=(1000,), conversations=1, turns=2, user_tokens=50, output_tokens=4, api=args.api)
+        asyncio.run(play([Conversation(p, args.api, f"warmup-{name}") for p in build(warm)], opts, name))
         for n in args.lengths:
-            convs = [Conversation(p, "chat", f"{name}-{p.key}") for p in build(spec) if p.length == n]
+            convs = [Conversation(p, args.api, f"{name}-{p.key}") for p in build(spec) if p.length == n]
             before = scrape(purl), scrape(durl)
             records = asyncio.run(play(convs, opts, name))
             result.kv_by_length[n] = nixl_delta(before[0], scrape(purl))
@@ -215,6 +216,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--user-tokens", type=int, default=150)
     ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--api", choices=("chat", "completions"), default="chat",
+                    help="chat: text conversations (a /tokenize per verified turn); completions: token ids (none)")
     ap.add_argument("--out", type=Path, help="also write a bench report (report.md, ttft_stages.png) here")
     ap.add_argument("--json", type=Path, help="also write the stage rows here")
     ap.add_argument("--proxy-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
@@ -231,7 +234,7 @@ def main() -> None:
     pd, px = leg("pdctl", args, logs), leg("proxy", args, logs)
     lines, ok = table(pd, px)
     print(f"\nmean warm-turn (turns 2+) TTFT and its stages (ms); simulated engines (pdctl.sim, speed 1), "
-          f"{os.cpu_count()} cores; chat, {args.conversations} conversations x {args.turns} turns per length, "
+          f"{os.cpu_count()} cores; {args.api}, {args.conversations} conversations x {args.turns} turns per length, "
           f"{args.user_tokens} new user tokens and {args.output_tokens} output tokens a turn")
     print("\n".join(lines))
     print(f"\ntarget pdctl <= proxy + {TARGET_MS:g} ms at every length: {'met' if ok else 'MISSED'}")
@@ -242,7 +245,7 @@ def main() -> None:
     if args.out:
         bench = BenchResult("critical-path (pdctl router vs unverified two-hop proxy)", True,
                             {"lengths": args.lengths, "conversations": args.conversations, "turns": args.turns,
-                             "api": "chat"}, [pd, px], wall_s=time.monotonic() - started)
+                             "api": args.api}, [pd, px], wall_s=time.monotonic() - started)
         report.write(bench, args.out)
 
 

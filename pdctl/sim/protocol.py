@@ -208,7 +208,18 @@ def middle_template(p: Parsed, rid: str, created: int, model: str) -> str:
 
 
 def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"data: {_dumps(data)}\n\n"
+
+
+try:  # vLLM writes its chunks with pydantic-core's Rust serializer: a first chunk's 25k prompt ids take ~1 ms,
+    import orjson  # not the ~7 ms of the stdlib's
+
+    def _dumps(data: Any) -> str:
+        return orjson.dumps(data).decode()
+except ImportError:  # pragma: no cover - orjson comes with pdctl
+
+    def _dumps(data: Any) -> str:
+        return json.dumps(data, separators=(",", ":"))
 
 
 def usage_chunk(p: Parsed, rid: str, created: int, model: str, completion: int) -> dict[str, Any]:
