@@ -99,7 +99,7 @@ class SimServer:
         self.engine.gauges()
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def tokenize(self, request: Request) -> JSONResponse:
+    async def tokenize(self, request: Request) -> Response:
         started = time.perf_counter()
         try:
             body = await self._json(request)
@@ -107,8 +107,8 @@ class SimServer:
         except EngineError as e:
             return _error(e)
         strs = [token_str(i) for i in ids] if body.get("return_token_strs") else None  # vLLM: only when asked
-        resp = JSONResponse({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
-                             "token_strs": strs})
+        resp = Response(protocol.dumps_bytes({"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                                              "tokens": ids, "token_strs": strs}), media_type="application/json")
         await self._spend(timing.tokenize_ms(len(ids), strs is not None), started)
         self.metrics.lab(self.metrics.tokenize_calls).inc()
         self.metrics.lab(self.metrics.tokenize_bytes).inc(len(resp.body))
