@@ -176,6 +176,7 @@ def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
             before = scrape(purl), scrape(durl)
             records = asyncio.run(play(convs, opts, name))
             result.kv_by_length[n] = nixl_delta(before[0], scrape(purl))
+            result.kv = result.kv + result.kv_by_length[n]
             result.pull_by_length[n] = nixl_delta(before[1], scrape(durl))
             bad = next((r for r in records if not r.ok), None)
             if bad is not None:
