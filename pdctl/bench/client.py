@@ -109,6 +109,8 @@ async def send(
             rec.status = resp.status_code
             rec.request_id = resp.headers.get("x-request-id")
             rec.prefill_ms = parse_ms(resp.headers.get("x-pd-prefill-ms"))
+            rec.router_in_ms = parse_ms(resp.headers.get("x-pd-router-in-ms"))
+            rec.decode_ms = parse_ms(resp.headers.get("x-pd-decode-ms"))
             reuse = parse_reuse(resp.headers.get("x-pd-kv-reuse"))
             if reuse is not None:
                 rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason

@@ -13,11 +13,13 @@ from types import ModuleType
 
 from pdctl.bench.capacity import Point, Slo
 from pdctl.bench.records import BenchResult, LegResult
+from pdctl.bench.stages import STAGES, StageRow
 from pdctl.bench.stats import SummaryRow, lengths_of, warm_mean
 
 TTFT_PNG = "ttft_vs_length.png"
 PREFILL_PNG = "prefill_split.png"
 GOODPUT_PNG = "goodput.png"
+STAGES_PNG = "ttft_stages.png"
 
 
 def _pyplot() -> ModuleType:
@@ -143,6 +145,37 @@ def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> N
     ax_t.set_ylabel("TTFT of warm turns (ms)")
     ax_i.set_ylabel("p99 of each request's largest inter-token gap (ms)")
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_stages(result: BenchResult, rows: list[StageRow], path: Path) -> None:
+    """Warm-turn TTFT per length as stacked stages, one bar per leg (stages.py)."""
+    legs = [leg.name for leg in result.legs]
+    lengths = sorted({r.length for r in rows})
+    width = 0.8 / max(1, len(legs))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, leg in enumerate(legs):
+        by_len = {r.length: r for r in rows if r.leg == leg}
+        xs = [j + (i - (len(legs) - 1) / 2) * width for j in range(len(lengths))]
+        bottom = [0.0] * len(lengths)
+        for k, stage in enumerate(STAGES):
+            ys = [by_len[n].stages[stage] if n in by_len else 0.0 for n in lengths]
+            ax.bar(xs, ys, width, bottom=bottom, color=colors[k % len(colors)], edgecolor="white",
+                   hatch="" if i == 0 else "//", label=stage if i == 0 else None)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        for x, top in zip(xs, bottom, strict=True):
+            if top:
+                ax.annotate(leg, (x, top), ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
+    ax.set_ylabel("mean TTFT of turns 2+ (ms), by stage")
+    ax.set_title(f"Where warm-turn TTFT goes — {label(result)}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -70,9 +70,14 @@ def tokens_per_word(transport: Transport, url: str, model: str, text: str) -> fl
 class KvMeter:
     """KV transfer of the prefill instances over a span: `/metrics` deltas, else `KV Transfer metrics` log lines."""
 
-    def __init__(self, ep: Endpoints, transports: Mapping[str, Transport] | None = None) -> None:
+    def __init__(self, ep: Endpoints, transports: Mapping[str, Transport] | None = None,
+                 decodes: bool = False) -> None:
+        """`decodes`: meter the decode instances' own reads (their P->D pulls) instead, from /metrics only."""
         self.ep = ep
         self.transports = transports or {}
+        self._targets = (list(zip(ep.decode_urls, ep.decode_nodes, strict=False)) if decodes
+                         else [(url, node) for url, (node, _) in zip(ep.prefill_urls, ep.prefill_logs, strict=False)])
+        self._logs = () if decodes else ep.prefill_logs
         self._samples: Samples = {}
         self._log_lines: dict[str, int] = {}
 
@@ -81,21 +86,21 @@ class KvMeter:
 
     def start(self) -> None:
         self._samples = self._scrape()
-        self._log_lines = {path: self._line_count(node, path) for node, path in self.ep.prefill_logs}
+        self._log_lines = {path: self._line_count(node, path) for node, path in self._logs}
 
     def stop(self) -> KvTransfer:
         after = self._scrape()
         if has_nixl(after):
             return nixl_delta(self._samples, after)
         lines: list[str] = []
-        for node, path in self.ep.prefill_logs:
+        for node, path in self._logs:
             lines += self._new_lines(node, path, self._log_lines.get(path, 0))
         kv = kv_from_log(lines)
         return kv if kv.transfers or kv.failed else KvTransfer()
 
     def _scrape(self) -> Samples:
         total: Samples = {}
-        for url, (node, _) in zip(self.ep.prefill_urls, self.ep.prefill_logs, strict=False):
+        for url, node in self._targets:
             transport = self.transports.get(node)
             if transport is None:
                 continue

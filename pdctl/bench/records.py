@@ -32,6 +32,8 @@ class RequestRecord:
     output_num_tokens: int = 0
     output_num_chunks: int = 0
     prefill_ms: float | None = None
+    router_in_ms: float | None = None  # the router's X-PD-Router-In-Ms (stages.py)
+    decode_ms: float | None = None  # the router's X-PD-Decode-Ms: decode request to first byte
     reuse: str | None = None
     reuse_tokens: int | None = None
     reuse_reason: str | None = None
@@ -88,6 +90,7 @@ class LegResult:
     records: list[RequestRecord] = field(default_factory=list)
     kv: KvTransfer = field(default_factory=KvTransfer)
     kv_by_length: dict[int, KvTransfer] = field(default_factory=dict)
+    pull_by_length: dict[int, KvTransfer] = field(default_factory=dict)  # the decodes' P->D pulls
     router_stats: dict[str, Any] | None = None
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -110,6 +113,7 @@ class LegResult:
             "wall_s": round(self.wall_s, 3),
             "kv_transfer": asdict(self.kv),
             "kv_transfer_by_length": {str(k): asdict(v) for k, v in self.kv_by_length.items()},
+            "decode_pull_by_length": {str(k): asdict(v) for k, v in self.pull_by_length.items()},
             "router_stats": self.router_stats,
             "requests": len(self.records),
             **({"capacity": self.capacity} if self.capacity else {}),

@@ -1,4 +1,4 @@
-"""A bench's output directory: per-request JSON, legs JSON, summary CSV, two PNG plots and report.md."""
+"""A bench's output directory: per-request JSON, legs JSON, summary CSV, three PNG plots and report.md."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdctl.bench import capacity, plots
+from pdctl.bench import capacity, plots, stages
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, percentile, ratios, reuse_counts, summarize
 
@@ -27,6 +27,7 @@ class ReportFiles:
     ttft_png: Path
     prefill_png: Path
     report: Path
+    stages_png: Path
 
 
 def write(result: BenchResult, out: Path) -> ReportFiles:
@@ -39,6 +40,7 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
         out / plots.TTFT_PNG,
         out / plots.PREFILL_PNG,
         out / REPORT_MD,
+        out / plots.STAGES_PNG,
     )
     rows = summarize(result.legs)
     files.requests.write_text(json.dumps([r.to_json() for r in result.records], indent=1) + "\n")
@@ -56,7 +58,9 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
     splits = plots.prefill_splits(result, rows)
     plots.plot_ttft(result, rows, files.ttft_png)
     plots.plot_prefill(result, splits, files.prefill_png)
-    text = markdown(result, rows, splits)
+    stage_rows = stages.stage_rows(result.legs)
+    plots.plot_stages(result, stage_rows, files.stages_png)
+    text = markdown(result, rows, splits, stage_rows)
     points, slo = capacity_points(result)
     if points:
         plots.plot_goodput(points, slo, f"Agent sessions within the SLO — {plots.label(result)}",
@@ -99,7 +103,8 @@ def _write_csv(rows: list[SummaryRow], path: Path) -> None:
         writer.writerows(data)
 
 
-def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.PrefillSplit]) -> str:
+def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.PrefillSplit],
+             stage_rows: list[stages.StageRow] | None = None) -> str:
     names = [leg.name for leg in result.legs]
     lengths = sorted({r.length for r in rows})
     ratio = ratios(rows, names)
@@ -138,6 +143,7 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
     lines += _reuse_section(result.legs)
     lines += _prefill_section(splits, names, lengths, result.legs)
     lines += _after_prefill_section(result.legs, names, lengths)
+    lines += stages.markdown(stage_rows if stage_rows is not None else stages.stage_rows(result.legs))
     lines += _streaming_section(result.legs)
     lines += [
         "",
@@ -146,6 +152,8 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
         f"![TTFT vs prompt length]({plots.TTFT_PNG})",
         "",
         f"![Prefill duration per length]({plots.PREFILL_PNG})",
+        "",
+        f"![Where warm-turn TTFT goes]({plots.STAGES_PNG})",
         "",
         f"Per-request records: `{REQUESTS_JSON}`; summary by leg, length and scope: `{SUMMARY_CSV}`; "
         f"legs, KV transfer and router stats: `{LEGS_JSON}`.",

@@ -186,11 +186,14 @@ def run_leg(
         return leg
     progress.leg_started(spec.name, sum(p.turns for p in plans))
     meter = probe.KvMeter(ep, hosts)
+    pulls = probe.KvMeter(ep, hosts, decodes=True)
     for length in workload.lengths:
         convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
         meter.start()
+        pulls.start()
         leg.records += player(convs, client, spec.name, progress.request_done)
         kv = meter.stop()
+        leg.pull_by_length[length] = pulls.stop()
         leg.kv_by_length[length] = kv
         leg.kv = leg.kv + kv
     leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)

@@ -116,11 +116,13 @@ def _kind(exc: httpx.HTTPError) -> str:
 
 async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: str, payload: bytes,
                  capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
+    sent = time.perf_counter()
     try:
         resp = await state.http.post(f"{d.url}{path}", content=payload,
                                      headers={"content-type": "application/json", "x-request-id": rid})
     except httpx.HTTPError as exc:
         return _fail(state, d, rid, _kind(exc), exc)
+    decode_ms = _decode_ms(sent)
     if resp.status_code >= 500:
         return _fail(state, d, rid, f"http_{resp.status_code}", content=resp.content)
     state.decode.succeeded(d)
@@ -135,14 +137,20 @@ async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: st
             content = jsonx.dumps(obj)
     else:
         content = relayed_error(resp.status_code, content, "decode")
-    await send_bytes(send, resp.status_code, content, headers)
+    await send_bytes(send, resp.status_code, content, [*headers, decode_ms])
     return True
+
+
+def _decode_ms(sent: float) -> tuple[bytes, bytes]:
+    """The decode stage: request sent to first byte (its KV pull, its first step), or to the whole body."""
+    return b"x-pd-decode-ms", f"{(time.perf_counter() - sent) * 1000:.1f}".encode()
 
 
 async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send, path: str, rid: str, payload: bytes,
                   capture: Capture, headers: list[tuple[bytes, bytes]], started: float) -> Literal[True] | _Failed:
     req = state.http.build_request("POST", f"{d.url}{path}", content=payload,
                                    headers={"content-type": "application/json", "x-request-id": rid})
+    sent = time.perf_counter()
     try:
         resp = await state.http.send(req, stream=True)
     except httpx.HTTPError as exc:
@@ -166,7 +174,8 @@ async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send,
             return _fail(state, d, rid, _kind(exc), exc)
         state.decode.succeeded(d)
         sse = SseRewriter(capture)
-        await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*SSE_HEADERS, *headers, _decode_ms(sent)]})
         out = sse.feed(first)
         state.metrics.ttft_seconds.observe(time.perf_counter() - started)
         gone = asyncio.ensure_future(_disconnected(receive))

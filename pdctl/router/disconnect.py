@@ -23,14 +23,15 @@ async def disconnected(receive: Receive) -> None:
 async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send], Coroutine[Any, Any, None]]) -> bool:
     """Run `run(send)` to its end, or cancel it when the client disconnects first; True when the client left.
 
-    A disconnect after the response's last byte is no reason to stop: what follows is the router's bookkeeping
-    (the new handle), and uvicorn reports every completed response as disconnected."""
+    A disconnect after the response's last byte (or an SSE stream's `[DONE]`) is no reason to stop: what follows is
+    the router's bookkeeping (the new handle), and uvicorn reports every completed response as disconnected."""
     answered = False
 
     async def tracked(message: Message) -> None:
         nonlocal answered
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            answered = True
+        if message["type"] == "http.response.body" and (
+                not message.get("more_body", False) or message.get("body", b"").endswith(b"data: [DONE]\n\n")):
+            answered = True  # a client may hang up on [DONE], before the stream's empty last message
         await send(message)
 
     task = asyncio.ensure_future(run(tracked))

@@ -1,5 +1,8 @@
 """The prefill hop: tokenize for verification, then the non-streaming `max_tokens=1` call, retried as a miss.
 
+A verified turn's prefill gets the ids it was verified against as a token-id completion, so the tokenization the
+verification needs replaces the one the prefill would do, rather than adding to it.
+
 A failed or expired KV read must never reach the client: a prefill that fails while holding a decode handle is
 retried once as a miss (on another healthy prefill when there is one). A miss that cannot reach its prefill
 (refused, reset, timed out) is retried once elsewhere too; that counts against the prefill's health. An error
@@ -28,6 +31,8 @@ log = logging.getLogger("pdctl.router")
 # Fields the prefill must not get: its one token is thrown away, only its KV matters.
 _PREFILL_DROP = ("max_completion_tokens", "min_tokens", "stream_options", "n", "best_of", "logprobs",
                  "top_logprobs", "prompt_logprobs", "return_token_ids", "echo")
+# What a token-id prefill keeps: whatever decides its KV besides the ids (the model or LoRA, the cache salt).
+_IDS_KEEP = ("model", "cache_salt", "priority")
 _TOKENIZE_CHAT = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
                   "continue_final_message", "add_special_tokens", "mm_processor_kwargs", "documents")
 
@@ -44,7 +49,8 @@ class PrefillResult:
 
 async def tokenize(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any]) -> array[int] | None:
     """The new request's prompt token ids, as the chosen prefill computes them."""
-    req: dict[str, Any] = {"model": body.get("model", state.config.model)}
+    # token_strs would double the answer (vLLM sends them only when asked); the router reads `tokens` alone.
+    req: dict[str, Any] = {"model": body.get("model", state.config.model), "return_token_strs": False}
     if chat:
         req["messages"] = body.get("messages")
         req.update((k, body[k]) for k in _TOKENIZE_CHAT if k in body)
@@ -64,15 +70,35 @@ async def tokenize(state: RouterState, p: Upstream, chat: bool, body: dict[str, 
         return None
 
 
-def prefill_body(body: dict[str, Any], params: dict[str, Any]) -> bytes:
-    out = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
+def text_only(body: dict[str, Any]) -> bool:
+    """Whether a chat request's prompt is its rendering alone (no images or audio the ids would leave out)."""
+    if "truncate_prompt_tokens" in body or "mm_processor_kwargs" in body:
+        return False
+    for m in body.get("messages") or ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(not isinstance(c, dict) or c.get("type") != "text" for c in content):
+            return False
+    return True
+
+
+def prefill_request(path: str, body: dict[str, Any], params: dict[str, Any],
+                    ids: array[int] | None = None) -> tuple[str, bytes]:
+    """The prefill's path and body. With the prompt's verified ids, a token-id completion of exactly those ids:
+    the prefill computes what was verified, and does not render and tokenize the history again (the router's
+    /tokenize did that work on the critical path already)."""
+    if ids is not None and ("messages" in body or isinstance(body.get("prompt"), str)) and text_only(body):
+        out = {k: body[k] for k in _IDS_KEEP if k in body}
+        out["prompt"] = ids.tolist()
+        path = "/v1/completions"
+    else:
+        out = {k: v for k, v in body.items() if k not in _PREFILL_DROP}
     out["stream"] = False
     out["max_tokens"] = 1
     out["kv_transfer_params"] = params
-    return jsonx.dumps(out)
+    return path, jsonx.dumps(out)
 
 
-async def _call(state: RouterState, p: Upstream, path: str, rid: str, payload: bytes) -> httpx.Response | str:
+async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid: str) -> httpx.Response | str:
     """The response, or a short reason when the prefill could not be reached or timed out."""
     p.outstanding += 1
     try:
@@ -87,7 +113,8 @@ async def _call(state: RouterState, p: Upstream, path: str, rid: str, payload: b
 
 
 async def run(
-    state: RouterState, p: Upstream, path: str, rid: str, key: str, body: dict[str, Any], verdict: Verdict
+    state: RouterState, p: Upstream, path: str, rid: str, key: str, body: dict[str, Any], verdict: Verdict,
+    ids: array[int] | None = None,
 ) -> PrefillResult:
     """The prefill hop; `error` of a failed result is an OpenAI error body ready for the client."""
     started = time.perf_counter()
@@ -98,7 +125,7 @@ async def run(
         return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error)
 
     for attempt in range(2):
-        resp = await _call(state, p, path, rid, prefill_body(body, verdict.params))
+        resp = await _call(state, p, *prefill_request(path, body, verdict.params, ids), rid)
         with_handle = verdict.outcome != "miss"
         if not isinstance(resp, str) and resp.status_code == 200:
             state.prefill.succeeded(p)

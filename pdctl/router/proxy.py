@@ -193,11 +193,14 @@ async def _turn(
                                                derivation, started):
         return
     verdict = _verdict(state, taken, ids)
+    t0, in_ms = scope.get("pdctl.t0", started), 0.0
     for attempt in range(2):
         if not await admit(state.prefill_gate, send):
             return
+        if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
+            in_ms = (time.perf_counter() - t0) * 1000
         try:
-            pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict)
+            pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict, ids)
         finally:
             state.prefill_gate.release()
         v = pre.verdict
@@ -205,7 +208,8 @@ async def _turn(
             state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
         state.metrics.prefill_seconds.observe(pre.ms / 1000)
         log.info("[%s] Prefill done in %.0fms (kv %s)", rid, pre.ms, v.header)
-        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), (b"x-pd-kv-reuse", v.header.encode())]
+        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), (b"x-pd-kv-reuse", v.header.encode()),
+                   (b"x-pd-router-in-ms", f"{in_ms:.1f}".encode())]
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
             return

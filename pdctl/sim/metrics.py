@@ -56,11 +56,19 @@ class SimMetrics:
         )
         self.aborted = Counter("pdctl_sim_aborted_requests", "Requests aborted before they finished (client gone).",
                                labels, registry=r)
+        self.tokenize_calls = Counter("pdctl_sim_tokenize_requests", "/tokenize requests answered.", labels,
+                                      registry=r)
+        self.tokenize_bytes = Counter("pdctl_sim_tokenize_response_bytes", "Bytes of /tokenize response bodies.",
+                                      labels, registry=r)
+        self.encoded = Counter("pdctl_sim_encoded_prompt_tokens",
+                               "Prompt tokens of generation requests encoded from text or a chat rendering "
+                               "(token-id prompts skip the tokenizer).", labels, registry=r)
         for metric in (self.aborted, self.running, self.waiting,
                        self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
-                       self.failed_notifs, self.expired, self.corrupt):
+                       self.failed_notifs, self.expired, self.corrupt, self.tokenize_calls, self.tokenize_bytes,
+                       self.encoded):
             metric.labels(**self._values)
         self.stats = TransferStats()
 

@@ -106,7 +106,7 @@ def _completion_prompt(body: dict[str, Any]) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return encode(prompt)
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if isinstance(prompt, list) and set(map(type, prompt)) <= {int}:  # one C pass over 25k ids; bools are not int
         return list(prompt)
     raise EngineError(400, "prompt must be a string, a list of token ids, or a batch of one of those.",
                       "BadRequestError", "prompt")
@@ -207,8 +207,24 @@ def middle_template(p: Parsed, rid: str, created: int, model: str) -> str:
     return line.replace(json.dumps(decode_piece(_SENTINEL))[1:-1], "{piece}").replace(str(_SENTINEL), "{tid}")
 
 
+def dumps_bytes(data: Any) -> bytes:
+    """A JSON body as the engine sends it; the time a real engine takes is modelled, not this process's own."""
+    return _dumps(data).encode()
+
+
 def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"data: {_dumps(data)}\n\n"
+
+
+try:  # vLLM writes its chunks with pydantic-core's Rust serializer: a first chunk's 25k prompt ids take ~1 ms,
+    import orjson  # not the ~7 ms of the stdlib's
+
+    def _dumps(data: Any) -> str:
+        return orjson.dumps(data).decode()
+except ImportError:  # pragma: no cover - orjson comes with pdctl
+
+    def _dumps(data: Any) -> str:
+        return json.dumps(data, separators=(",", ":"))
 
 
 def usage_chunk(p: Parsed, rid: str, created: int, model: str, completion: int) -> dict[str, Any]:

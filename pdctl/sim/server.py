@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from pdctl.sim import agentapi, protocol
+from pdctl.sim import agentapi, protocol, timing
 from pdctl.sim.config import SimConfig
 from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.metrics import SimMetrics, log_stats
@@ -99,13 +99,26 @@ class SimServer:
         self.engine.gauges()
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def tokenize(self, request: Request) -> JSONResponse:
+    async def tokenize(self, request: Request) -> Response:
+        started = time.perf_counter()
         try:
-            ids = protocol.tokenize_prompt(await self._json(request))
+            body = await self._json(request)
+            ids = protocol.tokenize_prompt(body)
         except EngineError as e:
             return _error(e)
-        return JSONResponse({"count": len(ids), "max_model_len": self.cfg.max_model_len, "tokens": ids,
-                             "token_strs": [token_str(i) for i in ids]})
+        strs = [token_str(i) for i in ids] if body.get("return_token_strs") else None  # vLLM: only when asked
+        resp = Response(protocol.dumps_bytes({"count": len(ids), "max_model_len": self.cfg.max_model_len,
+                                              "tokens": ids, "token_strs": strs}), media_type="application/json")
+        await self._spend(timing.tokenize_ms(len(ids), strs is not None), started)
+        self.metrics.lab(self.metrics.tokenize_calls).inc()
+        self.metrics.lab(self.metrics.tokenize_bytes).inc(len(resp.body))
+        return resp
+
+    async def _spend(self, model_ms: float, started: float) -> None:
+        """Take `model_ms` of modelled time since `started`, counting what this process really spent."""
+        pacer = timing.Pacer(self.cfg.speed)
+        spent = (time.perf_counter() - started) * 1000 / pacer.scale if pacer.scale else 0.0
+        await pacer.wait_ms(model_ms - spent)
 
     async def detokenize(self, request: Request) -> JSONResponse:
         try:
@@ -137,6 +150,7 @@ class SimServer:
             ) from e
 
     async def _generate(self, request: Request, chat: bool) -> Response:
+        started = time.perf_counter()
         try:
             body = await self._json(request)
             marker = self.cfg.poison_marker
@@ -144,6 +158,9 @@ class SimServer:
                 raise EngineError(500, "Internal server error: the engine failed on this request "
                                   "(--poison-marker)", "InternalServerError")
             p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
+            if chat or isinstance(body.get("prompt"), str):  # token-id prompts skip the tokenizer
+                self.metrics.lab(self.metrics.encoded).inc(len(p.prompt))
+                await self._spend(timing.encode_ms(len(p.prompt)), started)
             rid, internal = protocol.new_ids(chat, request.headers.get("x-request-id"))
             if p.n > 1:
                 return await self._samples(request, p, rid, internal)

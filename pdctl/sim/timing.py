@@ -40,6 +40,26 @@ READ_POST_MS = 0.7
 # answered keep-alive requests without delayed ACKs).
 READBACK_WAIT_MS = 38.0
 
+# Tokenizing text (a chat rendering or a text prompt) in the engine's API server, which the anchor's token-id
+# prompts never paid: a Rust BPE encode measured at 1.8 us/token on a shared 2-core VM (HF `tokenizers`, 50k-vocab
+# byte-level BPE, 2k-24k tokens; docs/results/critical-path), taken at 1 us/token for a server CPU; the ids' JSON
+# answer at 0.14 us/token (stdlib json, same machine); token strings, only when asked, about as much again.
+TOKENIZE_BASE_MS = 0.5
+ENCODE_MS_PER_TOKEN = 0.001
+IDS_JSON_MS_PER_TOKEN = 0.00014
+TOKEN_STRS_MS_PER_TOKEN = 0.0003
+
+
+def encode_ms(tokens: int) -> float:
+    """Turning a text or chat prompt into ids before a generation request is scheduled."""
+    return ENCODE_MS_PER_TOKEN * max(tokens, 0)
+
+
+def tokenize_ms(tokens: int, token_strs: bool = False) -> float:
+    """One `/tokenize` request: encode, then the ids (and, if asked, their strings) as JSON."""
+    per = ENCODE_MS_PER_TOKEN + IDS_JSON_MS_PER_TOKEN + (TOKEN_STRS_MS_PER_TOKEN if token_strs else 0.0)
+    return TOKENIZE_BASE_MS + per * max(tokens, 0)
+
 
 def prefill_compute_ms(new_tokens: int, context_tokens: int = 0) -> float:
     """Computing `new_tokens` after `context_tokens` already in KV: the OFF fit's n-dependent part."""

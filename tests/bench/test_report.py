@@ -99,3 +99,23 @@ def test_turns_the_decode_ran_alone_are_counted_as_hits_and_shown() -> None:
     assert reuse_counts(result.legs[0].records).local == 0
     row = next(line for line in report._reuse_section(result.legs) if line.startswith("| on |"))
     assert row.split(" | ")[6] == str(warm_1)
+
+
+def test_the_report_splits_warm_ttft_into_stages_with_a_stacked_plot(tmp_path: Path) -> None:
+    from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
+
+    def rec(turn: int) -> RequestRecord:
+        return RequestRecord(leg="on", length=2000, conversation_id="c", turn=turn, api="chat", status=200,
+                             ttft_ms=100.0, prefill_ms=40.0, router_in_ms=5.0, decode_ms=50.0, reuse="hit")
+
+    leg = LegResult("on", [], True, True, records=[rec(0), rec(1), rec(2)])
+    leg.kv_by_length[2000] = KvTransfer(transfers=2, xfer_ms=20.0, source="metrics")  # 10 ms per reusing turn
+    leg.pull_by_length[2000] = KvTransfer(transfers=3, xfer_ms=18.0, source="metrics")  # 6 ms per pull
+    files = report.write(BenchResult("t", True, {}, [leg]), tmp_path / "out")
+    assert files.stages_png.read_bytes()[:8] == PNG
+    md = files.report.read_text()
+    assert "| leg | length | turns | TTFT | router in | prefill hop | D->P read | P->D pull | decode first token | " \
+           "router out |" in md
+    # in 5, prefill 40 = 30 + read 10, decode 50 = pull 6 + 44, out = 100 - 5 - 40 - 50
+    assert "| on | 2000 | 2 | 100.0 | 5.0 | 30.0 | 10.0 | 6.0 | 44.0 | 5.0 |" in md
+    assert "ttft_stages.png" in md

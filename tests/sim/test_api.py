@@ -64,7 +64,9 @@ def test_models_and_tokenize(sim: SimProc) -> None:
     assert models["object"] == "list" and models["data"][0]["id"] == "Qwen"
     assert models["data"][0]["max_model_len"] == 4096
     tok = httpx.post(f"{sim.url}/tokenize", json={"model": "Qwen", "prompt": "w5 w6 w7"}).json()
-    assert tok == {"count": 3, "max_model_len": 4096, "tokens": [5, 6, 7], "token_strs": ["w5", "w6", "w7"]}
+    assert tok == {"count": 3, "max_model_len": 4096, "tokens": [5, 6, 7], "token_strs": None}  # as vLLM
+    asked = httpx.post(f"{sim.url}/tokenize", json={"prompt": "w5 w6 w7", "return_token_strs": True}).json()
+    assert asked["token_strs"] == ["w5", "w6", "w7"]
     messages = [{"role": "user", "content": "hello"}]
     chat_tok = httpx.post(f"{sim.url}/tokenize", json={"model": "Qwen", "messages": messages}).json()
     body = {"model": "Qwen", "messages": messages, "max_tokens": 3, "return_token_ids": True}
@@ -75,6 +77,20 @@ def test_models_and_tokenize(sim: SimProc) -> None:
     retok = httpx.post(f"{sim.url}/tokenize", json={"prompt": chat["choices"][0]["message"]["content"]}).json()
     assert retok["tokens"] == chat["choices"][0]["token_ids"]
     assert chat["kv_transfer_params"] is None  # no P/D params in, none out
+
+
+def test_tokenizer_work_is_counted(sim: SimProc) -> None:
+    calls = sim.metric("pdctl_sim_tokenize_requests_total")
+    nbytes = sim.metric("pdctl_sim_tokenize_response_bytes_total")
+    encoded = sim.metric("pdctl_sim_encoded_prompt_tokens_total")
+    plain = httpx.post(f"{sim.url}/tokenize", json={"prompt": "w5 w6 w7"})
+    strs = httpx.post(f"{sim.url}/tokenize", json={"prompt": "w5 w6 w7", "return_token_strs": True})
+    assert sim.metric("pdctl_sim_tokenize_requests_total") == calls + 2
+    assert sim.metric("pdctl_sim_tokenize_response_bytes_total") == nbytes + len(plain.content) + len(strs.content)
+    httpx.post(f"{sim.url}/v1/completions", json={"model": "Qwen", "prompt": [5, 6, 7], "max_tokens": 1})
+    assert sim.metric("pdctl_sim_encoded_prompt_tokens_total") == encoded  # token ids skip the tokenizer
+    httpx.post(f"{sim.url}/v1/completions", json={"model": "Qwen", "prompt": "w5 w6 w7", "max_tokens": 1})
+    assert sim.metric("pdctl_sim_encoded_prompt_tokens_total") == encoded + 3
 
 
 def test_stream_with_usage_and_request_id(sim: SimProc) -> None:

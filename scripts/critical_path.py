@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""The warm turn's critical path: pdctl's router against a minimal two-hop proxy that verifies nothing.
+
+Both play the same multi-turn chat conversations (pdctl bench's workload, the shape of vLLM's multi-turn
+benchmark client; token ids with --api completions) against the same simulated engines (a fresh prefill and
+decode per leg, speed 1, bidirectional KV, so the proxy's turns find no cache the router's left behind). The proxy
+does what vLLM's example proxy does with bidirectional KV: it keeps the decode's last handle per session and sends
+it to the prefill on the next turn, unverified. Each leg is split into the bench's stages (pdctl/bench/stages.py):
+router in, prefill hop, D->P read, P->D pull, decode first token, router out; the proxy sends the router's timing
+headers.
+
+    python scripts/critical_path.py                               # 2k, 8k, 16k, 24k; 3 conversations of 4 turns
+    python scripts/critical_path.py --lengths 2000,24000 --out /tmp/cp   # also a bench report with the stage plot
+
+Target (printed): pdctl's mean warm TTFT at every length <= the proxy's + 5 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pdctl.bench import report, stages
+from pdctl.bench.client import ClientOptions, play
+from pdctl.bench.collect import nixl_delta, parse_prometheus
+from pdctl.bench.records import BenchResult, LegResult
+from pdctl.bench.workload import Conversation, WorkloadSpec, build
+
+MODEL = "Qwen"
+TARGET_MS = 5.0
+MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+        "remote_host": None, "remote_port": None}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+
+
+def wait_health(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    sys.exit(f"{what} did not answer /health at {url}")
+
+
+def sim(role: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+          "kv_connector_extra_config": {"bidirectional_kv_xfer": True, "kv_recompute_threshold": 0,
+                                        "decoder_kv_blocks_ttl": 120}}
+    argv = [sys.executable, "-m", "pdctl.sim", "serve", "Qwen/Qwen3-32B", "--role", role, "--port", str(port),
+            "--served-model-name", MODEL, "--speed", "1", "--num-gpu-blocks", "200000", "--max-model-len", "40000",
+            "--kv-transfer-config", json.dumps(kv), "--log-stats-interval", "3600"]
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    return start(argv, log, env)
+
+
+# -- the minimal two-hop proxy: no verification, the decode's last handle per session --------------------------
+def proxy_app(prefill: str, decode: str) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    state: dict[str, Any] = {"handles": {}}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        state["c"] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=256))
+        yield
+        await state["c"].aclose()
+
+    async def completion(request: Request) -> Response:
+        t0 = time.perf_counter()
+        client: httpx.AsyncClient = state["c"]
+        body = await request.json()
+        session = request.headers.get("x-session-id", "")
+        handle = state["handles"].pop(session, None)
+        p_body = {k: v for k, v in body.items() if k not in ("stream_options", "max_completion_tokens")}
+        p_body.update(stream=False, max_tokens=1, kv_transfer_params=handle or dict(MISS))
+        sent = time.perf_counter()
+        p = await client.post(prefill + request.url.path, json=p_body)
+        prefill_ms = (time.perf_counter() - sent) * 1000
+        if p.status_code != 200:
+            return Response(p.content, status_code=p.status_code, media_type="application/json")
+        d_body = {**body, "kv_transfer_params": p.json().get("kv_transfer_params")}
+        sent_d = time.perf_counter()
+        d = await client.send(client.build_request("POST", decode + request.url.path, json=d_body), stream=True)
+        lines = d.aiter_lines()
+        first = await lines.__anext__()
+        n = handle.get("remote_num_tokens", 0) if handle else 0
+        headers = {"x-pd-router-in-ms": f"{(sent - t0) * 1000:.1f}", "x-pd-prefill-ms": f"{prefill_ms:.1f}",
+                   "x-pd-decode-ms": f"{(time.perf_counter() - sent_d) * 1000:.1f}",
+                   "x-pd-kv-reuse": f"hit;tokens={n};reason=unverified" if handle else "miss;tokens=0;reason=new"}
+
+        async def relay() -> AsyncIterator[str]:
+            try:
+                for line in (first,):
+                    yield line + "\n"
+                async for line in lines:
+                    if line.startswith("data: {"):
+                        params = json.loads(line[6:]).get("kv_transfer_params")
+                        if params:  # the example proxy's cache: the decode's last handle, never checked
+                            state["handles"][session] = params
+                    yield line + "\n"
+            finally:
+                await d.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+
+    async def health(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/v1/chat/completions", completion, methods=["POST"]),
+                             Route("/v1/completions", completion, methods=["POST"]), Route("/health", health)],
+                     lifespan=lifespan)
+
+
+# -- one leg: fresh engines, the front, the conversations, the engines' NIXL metrics per length ------------------
+def scrape(url: str) -> dict[str, float]:
+    try:
+        return parse_prometheus(httpx.get(f"{url}/metrics", timeout=10).text)
+    except httpx.HTTPError:
+        return {}
+
+
+def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
+    pp, dp, fp = free_port(), free_port(), free_port()
+    purl, durl, furl = (f"http://127.0.0.1:{p}" for p in (pp, dp, fp))
+    running = [sim("prefill", pp, logs / f"{name}-prefill.log"), sim("decode", dp, logs / f"{name}-decode.log")]
+    try:
+        wait_health(purl, running[0], "prefill simulator")
+        wait_health(durl, running[1], "decode simulator")
+        if name == "pdctl":
+            argv = [sys.executable, "-m", "pdctl.router", "serve", "--port", str(fp), "--prefill", purl,
+                    "--decode", durl, "--model", MODEL, "--decoder-kv-blocks-ttl", "120", "--log-level", "warning"]
+        else:
+            argv = [sys.executable, __file__, "--proxy-serve", str(fp), purl, durl]
+        running.append(start(argv, logs / f"{name}.log"))
+        wait_health(furl, running[2], name)
+        spec = WorkloadSpec(lengths=tuple(args.lengths), conversations=args.conversations, turns=args.turns,
+                            user_tokens=args.user_tokens, output_tokens=args.output_tokens, api=args.api)
+        opts = ClientOptions(url=furl, model=MODEL, api=args.api, output_tokens=args.output_tokens)
+        result = LegResult(name, [], True, True)
+        warm = WorkloadSpec(lengths=(1000,), conversations=1, turns=2, user_tokens=50, output_tokens=4, api=args.api)
+        asyncio.run(play([Conversation(p, args.api, f"warmup-{name}") for p in build(warm)], opts, name))
+        for n in args.lengths:
+            convs = [Conversation(p, args.api, f"{name}-{p.key}") for p in build(spec) if p.length == n]
+            before = scrape(purl), scrape(durl)
+            records = asyncio.run(play(convs, opts, name))
+            result.kv_by_length[n] = nixl_delta(before[0], scrape(purl))
+            result.kv = result.kv + result.kv_by_length[n]
+            result.pull_by_length[n] = nixl_delta(before[1], scrape(durl))
+            bad = next((r for r in records if not r.ok), None)
+            if bad is not None:
+                sys.exit(f"{name} at {n} tokens: {bad.error or bad.status}")
+            result.records += records
+            print(f"  {name} {n}: {len(records)} turns", file=sys.stderr, flush=True)
+        return result
+    finally:
+        for p in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+
+
+def table(pd: LegResult, px: LegResult) -> tuple[list[str], bool]:
+    rows = {(r.leg, r.length): r for r in stages.stage_rows([pd, px])}
+    lines = ["| length | pdctl TTFT | proxy TTFT | pdctl - proxy | target (+5 ms) | "
+             + " | ".join(f"{s} (pdctl - proxy)" for s in stages.STAGES) + " |",
+             "|---" * (5 + len(stages.STAGES)) + "|"]
+    ok = True
+    for n in sorted({r.length for r in pd.records}):
+        a, b = rows[("pdctl", n)], rows[("proxy", n)]
+        diff = a.ttft_ms - b.ttft_ms
+        ok = ok and diff <= TARGET_MS
+        cells = [f"{a.stages[s]:.1f} - {b.stages[s]:.1f} = {a.stages[s] - b.stages[s]:+.1f}" for s in stages.STAGES]
+        verdict = "met" if diff <= TARGET_MS else "MISSED"
+        head = f"| {n} | {a.ttft_ms:.1f} | {b.ttft_ms:.1f} | {diff:+.1f} | {verdict} | "
+        lines.append(head + " | ".join(cells) + " |")
+    return lines, ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2000, 8000, 16000, 24000])
+    ap.add_argument("--conversations", type=int, default=3)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--user-tokens", type=int, default=150)
+    ap.add_argument("--output-tokens", type=int, default=16)
+    ap.add_argument("--api", choices=("chat", "completions"), default="chat",
+                    help="chat: text conversations (a /tokenize per verified turn); completions: token ids (none)")
+    ap.add_argument("--out", type=Path, help="also write a bench report (report.md, ttft_stages.png) here")
+    ap.add_argument("--json", type=Path, help="also write the stage rows here")
+    ap.add_argument("--proxy-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.proxy_serve:
+        import uvicorn
+
+        port, p, d = args.proxy_serve
+        uvicorn.run(proxy_app(p, d), host="127.0.0.1", port=int(port), log_level="warning")
+        return
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"critical-path-{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    pd, px = leg("pdctl", args, logs), leg("proxy", args, logs)
+    lines, ok = table(pd, px)
+    print(f"\nmean warm-turn (turns 2+) TTFT and its stages (ms); simulated engines (pdctl.sim, speed 1), "
+          f"{os.cpu_count()} cores; {args.api}, {args.conversations} conversations x {args.turns} turns per length, "
+          f"{args.user_tokens} new user tokens and {args.output_tokens} output tokens a turn")
+    print("\n".join(lines))
+    print(f"\ntarget pdctl <= proxy + {TARGET_MS:g} ms at every length: {'met' if ok else 'MISSED'}")
+    rows = stages.stage_rows([pd, px])
+    if args.json:
+        args.json.write_text(json.dumps([{"leg": r.leg, "length": r.length, "turns": r.turns, "ttft_ms": r.ttft_ms,
+                                          **r.stages} for r in rows], indent=1) + "\n")
+    if args.out:
+        bench = BenchResult("critical-path (pdctl router vs unverified two-hop proxy)", True,
+                            {"lengths": args.lengths, "conversations": args.conversations, "turns": args.turns,
+                             "api": args.api}, [pd, px], wall_s=time.monotonic() - started)
+        report.write(bench, args.out)
+
+
+if __name__ == "__main__":
+    main()
