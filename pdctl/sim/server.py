@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
-import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import uvicorn
@@ -25,15 +23,16 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from pdctl.sim import agentapi, protocol, timing
+from pdctl.sim.auth import authorized
 from pdctl.sim.config import SimConfig
 from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
+from pdctl.sim.gone import ClientGone, collect, unless_gone
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
 from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
-T = TypeVar("T")
 
 
 def _error(e: EngineError) -> JSONResponse:
@@ -78,7 +77,7 @@ class SimServer:
         server = scope.get("server") or (None, None)
         if server[1] == self.cfg.side_channel_port:
             await self.side(scope, receive, send)
-        elif self.cfg.api_key and not _authorized(scope, self.cfg.api_key):
+        elif self.cfg.api_key and not authorized(scope, self.cfg.api_key):
             await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
         else:
             await self.api(scope, receive, send)
@@ -166,18 +165,18 @@ class SimServer:
                 return await self._samples(request, p, rid, internal)
             forced = p.tool.ids if p.tool else None
             start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced))
-            run = await _unless_gone(request, start)
+            run = await unless_gone(request, start)
         except EngineError as e:
             return _error(e)
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         if p.stream:
             stream = self._stream(p, rid, run) if p.tool is None else self._stream_slow(p, rid, [run])
             return StreamingResponse(stream, media_type="text/event-stream")
         try:
-            output = await _unless_gone(request, _collect(run))
+            output = await unless_gone(request, collect(run))
             kv = run.finish()
-        except _ClientGone:  # vLLM aborts a request whose client disconnected, streaming or not
+        except ClientGone:  # vLLM aborts a request whose client disconnected, streaming or not
             return Response(status_code=499)
         finally:
             run.abort()
@@ -248,10 +247,10 @@ class SimServer:
         if p.stream:
             return StreamingResponse(self._stream_slow(p, rid, runs), media_type="text/event-stream")
         try:
-            outputs = [await _unless_gone(request, _collect(run)) for run in runs]
+            outputs = [await unless_gone(request, collect(run)) for run in runs]
             for run in runs:
                 run.finish()
-        except _ClientGone:  # as for one sample: vLLM aborts the request (all its children)
+        except ClientGone:  # as for one sample: vLLM aborts the request (all its children)
             return Response(status_code=499)
         finally:
             for run in runs:
@@ -353,54 +352,6 @@ class SimServer:
             if time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + self.cfg.log_stats_interval
                 log_stats(self.metrics)
-
-
-# vLLM's AuthenticationMiddleware (entrypoints/serve/utils/server_utils.py): only these prefixes are guarded
-# (/health, /metrics, /tokenize stay open), OPTIONS passes, Bearer token or Anthropic's x-api-key.
-GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
-
-
-def _authorized(scope: Scope, key: str) -> bool:
-    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
-    if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
-        return True
-    if not path.startswith(GUARDED_PREFIX):
-        return True
-    want = hashlib.sha256(key.encode()).digest()
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    given = [token] if scheme.lower() == "bearer" else []
-    given += [headers["x-api-key"]] if headers.get("x-api-key") else []
-    return any(secrets.compare_digest(hashlib.sha256(g.encode()).digest(), want) for g in given)
-
-
-class _ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
-
-
-async def _collect(run: Run) -> list[int]:
-    return [t async for t in run.tokens()]
-
-
-async def _unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """Await `work`, cancelling it (and raising _ClientGone) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(gone())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise _ClientGone
 
 
 def _listen(host: str, port: int) -> socket.socket:
