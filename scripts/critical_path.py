@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,8 @@ from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.collect import nixl_delta, parse_prometheus
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.workload import Conversation, WorkloadSpec, build
+from scripts import router_bench
+from scripts.router_bench import free_port, wait_health
 
 MODEL = "Qwen"
 TARGET_MS = 5.0
@@ -47,28 +48,8 @@ MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id"
         "remote_host": None, "remote_port": None}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as f:
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **(env or {})})
-
-
-def wait_health(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    sys.exit(f"{what} did not answer /health at {url}")
+    return router_bench.start(argv, log, [], env)  # no core pinning here: every process shares the machine
 
 
 def sim(role: str, port: int, log: Path) -> subprocess.Popen[bytes]:
