@@ -98,7 +98,7 @@ class VenvState(Fact[Venv]):
 
 @dataclass(frozen=True)
 class VllmCompat(Fact[str | None]):
-    """`python -m pdctl.nodes.vllm_compat status` in the venv: native, patched, needs-patch or unknown-layout.
+    """`python -m pdctl.vllm_compat status` in the venv: native, patched, needs-patch or unknown-layout.
 
     None when it cannot say (pdctl or vLLM not installed there yet).
     """
@@ -108,7 +108,7 @@ class VllmCompat(Fact[str | None]):
     result: ClassVar[object] = str | None
 
     def command(self, layout: HostLayout) -> str:
-        return f"{path(self.python)} -m pdctl.nodes.vllm_compat status"
+        return f"{path(self.python)} -m pdctl.vllm_compat status"
 
     def process(self, lines: list[str]) -> str | None:
         for line in lines:

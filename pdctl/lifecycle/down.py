@@ -14,10 +14,9 @@ from rich.console import Console
 from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
-from pdctl.lifecycle import gpu_memory
+from pdctl.lifecycle import gpu_memory, launch
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
-from pdctl.nodes import launch
 from pdctl.plan import MARKER, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel, reachable

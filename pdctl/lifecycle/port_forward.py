@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdctl.errors import LaunchError
-from pdctl.nodes.launch import health
+from pdctl.lifecycle.launch import health
 from pdctl.plan import plan
 from pdctl.remote import forward
 from pdctl.remote.hosts import connected

@@ -14,8 +14,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.errors import PdctlError
+from pdctl.lifecycle import launch
 from pdctl.lifecycle.slurm_job import SlurmStatus, job_status
-from pdctl.nodes import launch
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel, reachable

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 
-from pdctl.nodes import launch
+from pdctl.lifecycle import launch
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel

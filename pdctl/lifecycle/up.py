@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
-from pdctl.lifecycle import gpu_memory
+from pdctl.lifecycle import gpu_memory, launch, nixl_check
 from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.smoke import SmokeResult, router_api_key, smoke_test
 from pdctl.lifecycle.stop import stop_all
 from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
-from pdctl.nodes import launch, nixl_check
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import connected, parallel
@@ -85,7 +84,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             preflight(topo, to_start, hosts, router_api_key(topo))
             ensure_key(topo, hosts)
             if opts.provision:
-                from pdctl.nodes.provision import provision
+                from pdctl.lifecycle.provision import provision
 
                 provision(topo, {n.name: hosts[n.name] for n in topo.nodes}, console, allow_reboot=opts.allow_reboot)
         timeout = opts.timeout or (1800.0 if topo.engine == "vllm" else 120.0)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pdctl.errors import LaunchError
-from pdctl.nodes.launch import health, running
+from pdctl.lifecycle.launch import health, running
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
 from pdctl.remote.hosts import parallel

@@ -1,4 +1,4 @@
-"""vLLM compatibility: patch a vLLM older than 0.33.0 so it streams `kv_transfer_params` (pdctl.nodes.vllm_compat).
+"""vLLM compatibility: patch a vLLM older than 0.33.0 so it streams `kv_transfer_params` (pdctl.vllm_compat).
 
 Without the patch the decode's handle never reaches the router on streamed turns and every turn misses.
 """
@@ -30,10 +30,10 @@ def compat(ctx: Context) -> Operation:
     if state is None:
         raise PdctlError(
             f"{ctx.node.name}: cannot tell whether vLLM in {ctx.venv_dir} streams kv_transfer_params",
-            hint=f"run `{ctx.python} -m pdctl.nodes.vllm_compat status` on the node to see why",
+            hint=f"run `{ctx.python} -m pdctl.vllm_compat status` on the node to see why",
         )
     result = yield Run(
-        f"{path(ctx.python)} -m pdctl.nodes.vllm_compat apply",
+        f"{path(ctx.python)} -m pdctl.vllm_compat apply",
         f"patch vLLM {version} to stream kv_transfer_params",
         check=False,
     )
@@ -44,7 +44,7 @@ def compat(ctx: Context) -> Operation:
     if after != "patched":
         raise PdctlError(
             f"{ctx.node.name}: after patching, vLLM {version} reports {after}",
-            hint=f"run `{ctx.python} -m pdctl.nodes.vllm_compat apply` on the node and read its message",
+            hint=f"run `{ctx.python} -m pdctl.vllm_compat apply` on the node and read its message",
         )
 
 

@@ -16,11 +16,11 @@ from rich.console import Console
 
 from pdctl.errors import RemoteCommandError, TopologyError
 from pdctl.facts.base import gather
-from pdctl.nodes.provision import HostReport, contexts, provision, run_operation
-from pdctl.nodes.ship import Wheel, build_wheel
-from pdctl.nodes.steps import StepRunner
+from pdctl.lifecycle.provision import HostReport, contexts, provision, run_operation
 from pdctl.operations import python
 from pdctl.operations.base import Facts
+from pdctl.operations.ship import Wheel, build_wheel
+from pdctl.operations.steps import StepRunner
 from pdctl.topology import Topology, load
 
 from .support import HomeTransport, fake_vllm_wheel, host_root, make_wheel, topology

@@ -14,13 +14,13 @@ from rich.console import Console
 import pdctl
 from pdctl.errors import PdctlError
 from pdctl.facts.base import HostLayout, gather
-from pdctl.nodes.provision import HostReport, OpResult, contexts, provision, run_operation
-from pdctl.nodes.ship import Wheel, build_wheel
-from pdctl.nodes.steps import StepRunner
-from pdctl.nodes.vllm_compat import PATCHED_MARKER
+from pdctl.lifecycle.provision import HostReport, OpResult, contexts, provision, run_operation
 from pdctl.operations import efa
 from pdctl.operations.base import Facts
+from pdctl.operations.ship import Wheel, build_wheel
+from pdctl.operations.steps import StepRunner
 from pdctl.topology import Topology
+from pdctl.vllm_compat import PATCHED_MARKER
 
 from .support import HomeTransport, fake_vllm_wheel, host_root, installer_tarball, make_wheel, topology
 

@@ -22,10 +22,9 @@ from rich.console import Console
 import pdctl
 from pdctl.facts.base import HostLayout, gather
 from pdctl.facts.host import ListeningPorts
-from pdctl.lifecycle import UpOptions, down, up
-from pdctl.nodes import doctor
-from pdctl.nodes.provision import HostReport, contexts, provision
-from pdctl.nodes.ship import Wheel, build_wheel
+from pdctl.lifecycle import UpOptions, doctor, down, up
+from pdctl.lifecycle.provision import HostReport, contexts, provision
+from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.remote.hosts import connected
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pdctl.errors import ConnectError
-from pdctl.nodes.launch import running, stop
+from pdctl.lifecycle.launch import running, stop
 from pdctl.remote.hosts import connected
 from pdctl.remote.procs import DetachedJob
 from pdctl.remote.ssh import connect_ssh

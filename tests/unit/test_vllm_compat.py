@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.nodes import vllm_compat
-from pdctl.nodes.vllm_compat import PATCHED_MARKER, apply, main, status
+from pdctl import vllm_compat
+from pdctl.vllm_compat import PATCHED_MARKER, apply, main, status
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "vllm-0.26.0"
 REPO = Path(__file__).parents[2]
@@ -157,7 +157,7 @@ def test_runs_as_a_module(site: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = ["apply", "--site-packages", str(site), "--version", "0.26.0"]
     result = subprocess.run(
-        [sys.executable, "-m", "pdctl.nodes.vllm_compat", *command],
+        [sys.executable, "-m", "pdctl.vllm_compat", *command],
         capture_output=True,
         text=True,
         env=env,

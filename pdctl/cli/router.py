@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli_support import call
+from pdctl.cli.support import call
 from pdctl.kv_expiry import ROUTER_EXPIRY_MARGIN_S
 
 router_app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True)

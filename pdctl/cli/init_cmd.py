@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli_support import call, err, out
+from pdctl.cli.support import call, err, out
 from pdctl.errors import UsageError
 from pdctl.examples import examples, write_example
 

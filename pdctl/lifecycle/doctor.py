@@ -16,7 +16,7 @@ from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
 from pdctl.facts.gpu import GpuMemory, GpuMemoryUse, NvidiaSmi
 from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
 from pdctl.facts.python import VllmCompat
-from pdctl.nodes.provision import contexts
+from pdctl.lifecycle.provision import contexts
 from pdctl.operations import efa as efa_op
 from pdctl.operations import model, python
 from pdctl.operations.base import Context

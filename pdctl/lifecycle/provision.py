@@ -23,10 +23,9 @@ from pdctl.facts.base import Fact, HostLayout, gather, layout_for, layouts_from_
 from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion
 from pdctl.facts.host import Sudo
 from pdctl.facts.python import FileHashes, VllmCompat
-from pdctl.nodes import ship
-from pdctl.nodes.steps import StepRunner
-from pdctl.operations import efa, model, python, vllm
+from pdctl.operations import efa, model, python, ship, vllm
 from pdctl.operations.base import Context, Facts, Noop, Operation
+from pdctl.operations.steps import StepRunner
 from pdctl.plan import plan
 from pdctl.remote.base import Transport
 from pdctl.topology import Topology

@@ -11,7 +11,7 @@ import typer
 from typer.core import TyperGroup
 
 from pdctl import __version__
-from pdctl.cli_support import DEBUG, TOPOLOGY_HELP, call, load_topology, out
+from pdctl.cli.support import DEBUG, TOPOLOGY_HELP, call, load_topology, out
 from pdctl.plan import plan as make_plan
 from pdctl.plan_view import plan_json, render_plan
 
@@ -99,13 +99,13 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
 
 
 # Each area registers its commands from its own module (one line each, keep alphabetical).
-# e.g.: from pdctl.cli_router import register as _register_router; _register_router(app)
-from pdctl.cli_bench import register as _register_bench; _register_bench(app)  # noqa: E402, E702, I001
-from pdctl.cli_demo import register as _register_demo; _register_demo(app)  # noqa: E402, E702, I001
-from pdctl.cli_doctor import register as _register_doctor; _register_doctor(app)  # noqa: E402, E702, I001
-from pdctl.cli_init import register as _register_init; _register_init(app)  # noqa: E402, E702, I001
-from pdctl.cli_lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
-from pdctl.cli_router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
+# e.g.: from pdctl.cli.router import register as _register_router; _register_router(app)
+from pdctl.cli.bench import register as _register_bench; _register_bench(app)  # noqa: E402, E702, I001
+from pdctl.cli.demo import register as _register_demo; _register_demo(app)  # noqa: E402, E702, I001
+from pdctl.cli.doctor import register as _register_doctor; _register_doctor(app)  # noqa: E402, E702, I001
+from pdctl.cli.init_cmd import register as _register_init; _register_init(app)  # noqa: E402, E702, I001
+from pdctl.cli.lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
+from pdctl.cli.router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pdctl.bench.progress import make_progress
 from pdctl.bench.render import as_json, print_outcome
 from pdctl.bench.run import BenchOptions, run_bench
 from pdctl.bench.workload import DEFAULT_LENGTHS, Api, WorkloadSpec
-from pdctl.cli_support import TOPOLOGY_HELP, call, err, out, topology_path
+from pdctl.cli.support import TOPOLOGY_HELP, call, err, out, topology_path
 from pdctl.errors import UsageError
 
 

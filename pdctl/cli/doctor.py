@@ -1,4 +1,4 @@
-"""`pdctl doctor`: a thin shell over `pdctl.nodes.doctor`."""
+"""`pdctl doctor`: a thin shell over `pdctl.lifecycle.doctor`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli_support import TOPOLOGY_HELP, call, load_topology, out
-from pdctl.nodes.doctor import DoctorReport, HostChecks, doctor
+from pdctl.cli.support import TOPOLOGY_HELP, call, load_topology, out
+from pdctl.lifecycle.doctor import DoctorReport, HostChecks, doctor
 from pdctl.remote.sshconnect import SshOptions
 
 TopologyOpt = Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)]

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli_support import TOPOLOGY_HELP, call, err, load_topology, out
+from pdctl.cli.support import TOPOLOGY_HELP, call, err, load_topology, out
 from pdctl.errors import UsageError
 from pdctl.remote.base import expand_home
 from pdctl.remote.sshconnect import SshOptions

@@ -14,8 +14,8 @@ from pdctl.bench.estimate import estimate
 from pdctl.bench.progress import make_progress
 from pdctl.bench.render import print_outcome
 from pdctl.bench.workload import WorkloadSpec
-from pdctl.cli_bench import parse_lengths
-from pdctl.cli_support import call, err, out
+from pdctl.cli.bench import parse_lengths
+from pdctl.cli.support import call, err, out
 from pdctl.demo import DemoOptions, run_demo
 from pdctl.errors import UsageError
 from pdctl.state import pdctl_home

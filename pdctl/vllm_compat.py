@@ -9,7 +9,7 @@ Edits are lines inserted next to exact anchor lines of the installed files, kept
 `_EDITS`. A version without its own entry is tried against the known ones; a layout whose anchors are
 missing is refused, never guessed. Run on a node, inside the venv that holds vLLM:
 
-    python -m pdctl.nodes.vllm_compat status|apply [--site-packages DIR] [--version V]
+    python -m pdctl.vllm_compat status|apply [--site-packages DIR] [--version V]
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def installed_vllm(site_packages: Path | None = None) -> tuple[Path, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pdctl.nodes.vllm_compat",
+        prog="python -m pdctl.vllm_compat",
         description="Report on or apply pdctl's streaming kv_transfer_params patch to an installed vLLM.",
     )
     parser.add_argument("command", choices=["status", "apply"])
