@@ -227,7 +227,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
     node = topo.node(topo.router.node)
     r = topo.router
-    argv = [python_for(topo, self_python, node.name), "-m", "pdctl", "router", "serve"]
+    argv = [python_for(topo, self_python, node.name), "-m", "pdctl.router", "serve"]
     argv += ["--host", r.bind or node.address, "--port", str(r.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
