@@ -26,8 +26,9 @@ def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
         p.replace(kind=KEYWORD) for p in inspect.signature(command, eval_str=True).parameters.values()
         if p.kind is not inspect.Parameter.VAR_KEYWORD
     ]
-    required = [p for p in config_parameters() if p.default is inspect.Parameter.empty]
-    optional = [p for p in config_parameters() if p.default is not inspect.Parameter.empty]
+    knobs = config_parameters()
+    required = [p for p in knobs if p.default is inspect.Parameter.empty]
+    optional = [p for p in knobs if p.default is not inspect.Parameter.empty]
     command.__signature__ = inspect.Signature([*required, *own, *optional])  # type: ignore[attr-defined]
     return command
 
