@@ -12,6 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from pdctl.defaults import LOCAL_BUSY_STREAMS, LOCAL_POLICY, LOCAL_PREFILL_TOKENS, VERIFY_PREFIX
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
 
@@ -193,9 +194,8 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
     if topo.mode != "aggregated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
-    block_size = topo.block_size_for(inst)
-    if block_size is not None:
-        argv += ["--block-size", str(block_size)]
+    if not topo.block_size_left_to_vllm(inst):
+        argv += ["--block-size", str(topo.block_size_for(inst))]
     if model.revision and not model.local_dir:
         argv += ["--revision", model.revision]
     if model.load_format:
@@ -214,7 +214,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.sim", "serve", model.id, "--role", role]
     argv += ["--host", engine_bind(topo, node.name), "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
-    argv += ["--block-size", str(topo.block_size_for(inst) or 16), "--num-gpu-blocks", str(topo.sim.num_blocks)]
+    argv += ["--block-size", str(topo.block_size_for(inst)), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(role, inst):
         argv.append("--no-enable-prefix-caching")
     if topo.mode != "aggregated":
@@ -227,18 +227,19 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
     node = topo.node(topo.router.node)
     r = topo.router
-    argv = [python_for(topo, self_python, node.name), "-m", "pdctl", "router", "serve"]
+    argv = [python_for(topo, self_python, node.name), "-m", "pdctl.router", "serve"]
     argv += ["--host", r.bind or node.address, "--port", str(r.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
     _, ttl = topo.decode_kv_ttl()
     argv += ["--handle-ttl", f"{r.handle_ttl:g}", "--decoder-kv-blocks-ttl", str(ttl)]
-    argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
-    if not r.verify_prefix:
-        argv.append("--no-verify-prefix")
-    if r.local_prefill_tokens:
+    argv += ["--block-size", str(topo.block_size_for(topo.decode[0])), "--model", topo.model.name]
+    # Left out where the topology holds the router's own default (both take it from pdctl.defaults).
+    if r.verify_prefix != VERIFY_PREFIX:
+        argv.append("--verify-prefix" if r.verify_prefix else "--no-verify-prefix")
+    if r.local_prefill_tokens != LOCAL_PREFILL_TOKENS:
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
-        if r.local_policy != "always":
+        if (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
             argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]

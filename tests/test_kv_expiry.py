@@ -12,7 +12,7 @@ from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S
 from pdctl.plan import plan
 from pdctl.router.config import RouterConfig
 from pdctl.sim.kv import EXPIRY_MARGIN_S as SIM_ENGINE_MARGIN
-from pdctl.topology_file import parse
+from pdctl.topology import parse
 
 TOPO = """\
 name: demo

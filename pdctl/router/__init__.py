@@ -1,7 +1,8 @@
 """pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances.
 
 Modules, one concept each:
-    config        RouterConfig: every knob, with defaults
+    config        RouterConfig: every knob, with its default and help
+    options       RouterConfig's fields as `router serve` options
     jsonx         fast JSON (orjson when installed)
     conversation  which conversation a request belongs to (explicit id or derived from the history)
     handles       the table of decode handles: TTL by the router's clock, LRU bound, single use
@@ -24,7 +25,7 @@ Modules, one concept each:
     passthrough   stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}
     app           the ASGI stack and its lifespan
     listener      the client-facing HTTP protocol: head deadline (408), header limits (431), connection cap
-    serve         `pdctl router serve`: config -> uvicorn
+    serve         the router's command line (`python -m pdctl.router`, `pdctl router`): options -> config -> uvicorn
 """
 
 from pdctl.router.config import RouterConfig

@@ -1,52 +1,100 @@
-"""Every router knob in one frozen dataclass, with the defaults `pdctl router serve` uses."""
+"""Every router knob in one frozen dataclass: its type, default and help, from which `router serve`'s options are
+derived (pdctl.router.options). Defaults the topology shares come from pdctl.defaults."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
+from pdctl.defaults import (
+    HANDLE_TTL_S,
+    LOCAL_BUSY_STREAMS,
+    LOCAL_POLICY,
+    LOCAL_PREFILL_TOKENS,
+    VERIFY_PREFIX,
+    VLLM_BLOCK_SIZE,
+    VLLM_DECODER_KV_BLOCKS_TTL_S,
+)
 from pdctl.errors import UsageError
-from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime, leaves_no_handle
 from pdctl.router.identity import DEFAULT_HEADERS
 from pdctl.router.placement import POLICIES, LocalPolicy
+
+T = TypeVar("T")
+
+
+def knob(default: T, help: str, *, flag: str | None = None) -> T:
+    """A field with its option's help (and its flag, where it is not the field's name)."""
+    return field(default=default, metadata=_meta(help, flag))
+
+
+def _meta(help: str, flag: str | None = None) -> dict[str, Any]:
+    return {"help": help, "flag": flag}
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
-    model: str = "default"
-    block_size: int = 16
-    handle_ttl: float = 450.0
-    decoder_kv_blocks_ttl: float = 480.0
-    expiry_margin: float = ROUTER_EXPIRY_MARGIN_S
-    verify_prefix: bool = True
-    partial_reuse: bool = True
-    local_prefill_tokens: int = 0
-    local_policy: LocalPolicy = "always"
-    local_busy_streams: int = 4
+    prefill: tuple[str, ...] = field(metadata=_meta("Prefill instance URL (repeat for more)."))
+    decode: tuple[str, ...] = field(metadata=_meta("Decode instance URL (repeat for more)."))
+    model: str = knob("default", "Served model name (used for /tokenize).")
+    block_size: int = knob(VLLM_BLOCK_SIZE, "KV block size in tokens (partial reuse is whole blocks).")
+    handle_ttl: float = knob(HANDLE_TTL_S, "Seconds the router trusts a decode handle.")
+    decoder_kv_blocks_ttl: float = knob(
+        float(VLLM_DECODER_KV_BLOCKS_TTL_S),
+        "The decodes' decoder_kv_blocks_ttl: how long they keep a finished turn's blocks.",
+    )
+    expiry_margin: float = knob(
+        ROUTER_EXPIRY_MARGIN_S,
+        f"Seconds before decoder_kv_blocks_ttl that a handle stops being used (at least the engine's own "
+        f"{ENGINE_EXPIRY_MARGIN_S:g} s).",
+    )
+    verify_prefix: bool = knob(VERIFY_PREFIX, "Reuse only KV whose token ids match.")
+    partial_reuse: bool = knob(True, "On divergence reuse the verified blocks.")
+    local_prefill_tokens: int = knob(
+        LOCAL_PREFILL_TOKENS,
+        "Conditional disaggregation: a turn whose decode already holds all but at most this many of the prompt's "
+        "tokens is computed there, without the prefill hop; 0: always disaggregate. Needs --verify-prefix.",
+    )
+    local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
+        LOCAL_POLICY,
+        "Which of those turns run on the decode: always, or load (only while the decode has fewer than "
+        "--local-busy-streams requests in flight or the prefill is busy too).",
+    )
+    local_busy_streams: int = knob(
+        LOCAL_BUSY_STREAMS, "--local-policy load: requests in flight from which a decode counts as busy."
+    )
     api_key: str | None = field(default=None, repr=False)
+    """The key clients must send; given as --api-key-env, never in argv."""
     engine_key: str | None = field(default=None, repr=False)
-    """Sent to the engines as `Authorization: Bearer`; they refuse everyone else."""
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_handles: int = 4096
-    sweep_interval: float = 5.0
-    health_interval: float = 2.0
-    eject_after: int = 3
-    load_factor: float = 1.25
-    connect_timeout: float = 5.0
-    request_timeout: float = 600.0
-    max_connections: int = 2048
-    max_inflight_per_instance: int = 256
-    max_queue: int = 1024
-    queue_timeout: float = 30.0
-    health_timeout: float = 5.0
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    idle_timeout: float = 30.0
-    max_client_connections: int = 0  # 0: half the router's open-file limit
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 256
-    conversation_headers: tuple[str, ...] = DEFAULT_HEADERS
+    """Sent to the engines as `Authorization: Bearer`; they refuse everyone else. Given as --engine-key-file."""
+    max_body_bytes: int = knob(32 * 1024 * 1024, "Larger request bodies get 413.")
+    max_handles: int = knob(4096, "Most decode handles kept (least recently used go).")
+    sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
+    health_interval: float = knob(2.0, "Seconds between upstream health checks.")
+    eject_after: int = knob(3, "Consecutive failures that eject an upstream.")
+    load_factor: float = knob(1.25, "Bounded-load cap, x the mean outstanding requests.")
+    connect_timeout: float = knob(5.0, "Seconds to open a connection to an upstream.")
+    request_timeout: float = knob(600.0, "Seconds an upstream may take to answer.")
+    max_connections: int = knob(2048, "Idle connections kept open to each upstream.")
+    max_inflight_per_instance: int = knob(256, "Requests in flight per healthy instance before new ones queue.")
+    max_queue: int = knob(1024, "Queued requests per role before 429 + Retry-After.")
+    queue_timeout: float = knob(30.0, "Seconds a request may queue before 503 + Retry-After.")
+    health_timeout: float = knob(
+        5.0, "Seconds a health check waits; a timeout never ejects a role's last instance."
+    )
+    header_timeout: float = knob(10.0, "Seconds a client has to send a request's headers.")
+    body_timeout: float = knob(60.0, "Seconds a client has to send a request's body.")
+    idle_timeout: float = knob(30.0, "Seconds an idle client connection stays open.")
+    max_client_connections: int = knob(
+        0, "Open client connections before new ones get 503; 0: half the router's open-file limit."
+    )
+    max_header_bytes: int = knob(64 * 1024, "Larger request heads get 431.")
+    max_headers: int = knob(256, "More request headers than this get 431.")
+    conversation_headers: tuple[str, ...] = knob(
+        DEFAULT_HEADERS,
+        "Header naming a request's conversation, in order of precedence (repeat for more).",
+        flag="--conversation-header",
+    )
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,7 +111,7 @@ class RouterConfig:
                 f"--expiry-margin ({self.expiry_margin:g}s) must be at least the engine's own "
                 f"{ENGINE_EXPIRY_MARGIN_S:g}s (vLLM's prefill declines reads of a handle that close to expiry)"
             )
-        elif self.decoder_kv_blocks_ttl - self.expiry_margin <= 0:
+        elif leaves_no_handle(self.decoder_kv_blocks_ttl, self.expiry_margin):
             problems.append(
                 f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
                 f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"

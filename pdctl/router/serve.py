@@ -1,16 +1,81 @@
-"""`pdctl router serve`: options -> RouterConfig -> uvicorn (uvloop and httptools when installed)."""
+"""`router serve`: options -> RouterConfig -> uvicorn (uvloop and httptools when installed).
+
+`router_app()` is the router's whole command line, for `python -m pdctl.router` (which loads nothing of pdctl's
+CLI) and, behind pdctl's own error boundary, for `pdctl router`.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any, Protocol, TypeVar
 
-from pdctl.errors import UsageError
+import typer
+
+from pdctl.defaults import ROUTER_PORT
+from pdctl.errors import PdctlError, UsageError
 from pdctl.router.config import RouterConfig
+from pdctl.router.options import config_from, with_config_options
 
+T = TypeVar("T")
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+Serve = Callable[[RouterConfig, str, int, str], None]
+
+
+class Boundary(Protocol):
+    def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+def reported(fn: Callable[[], T]) -> T:
+    """The router's own error boundary: a PdctlError becomes its line and hint on stderr, and its exit code."""
+    try:
+        return fn()
+    except PdctlError as exc:
+        typer.echo(f"Error: {exc.message}", err=True)
+        if exc.hint:
+            typer.echo(f"hint: {exc.hint}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def router_app(call: Boundary = reported, run: Serve | None = None) -> typer.Typer:
+    """The `serve` command; `call` is the error boundary, `run` what serves the config (default: uvicorn)."""
+    app = typer.Typer(help="The KV-cache-aware P/D router.", no_args_is_help=True, add_completion=False,
+                      pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _group() -> None:
+        """The KV-cache-aware P/D router (keeps `serve` a subcommand when run as `python -m pdctl.router`)."""
+
+    @app.command("serve")
+    @with_config_options
+    def _serve(
+        host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on.")] = ROUTER_PORT,
+        api_key_env: Annotated[str | None, typer.Option(help="Env var holding the API key clients must send.")] = None,
+        engine_key_file: Annotated[
+            str | None, typer.Option(help="File holding the API key the engines require (sent as a Bearer token).")
+        ] = None,
+        log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+        **knobs: Any,
+    ) -> None:
+        """Serve the router: chat/completions, completions, Responses and Anthropic Messages over P/D instances."""
+        call(lambda: check_log_level(log_level))
+        config = call(lambda: config_from(knobs, api_key=api_key_from_env(api_key_env),
+                                          engine_key=engine_key_from_file(engine_key_file)))
+        (run or serve)(config, host, port, log_level.lower())
+
+    return app
+
+
+def check_log_level(given: str) -> None:
+    if given.lower() not in LOG_LEVELS:
+        raise UsageError(f"--log-level {given!r} is not one of {', '.join(LOG_LEVELS)}", hint="e.g. --log-level info")
 
 
 def api_key_from_env(var: str | None) -> str | None:

@@ -11,8 +11,7 @@ from pdctl.facts.base import HostLayout
 from pdctl.operations import efa, model
 from pdctl.operations.base import Context, Facts, Run
 from pdctl.remote.local import LocalTransport
-from pdctl.topology import Topology
-from pdctl.topology_file import parse
+from pdctl.topology import Topology, parse
 
 TOPO = """\
 name: demo

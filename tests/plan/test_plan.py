@@ -50,7 +50,7 @@ def test_seed_deployment_is_reproduced_exactly() -> None:
     assert decode.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.11"
 
     assert router.node == "router-node" and router.ports == (8000,)
-    assert router.argv[:5] == ("~/.pdctl/venv/bin/python", "-m", "pdctl", "router", "serve")
+    assert router.argv[:4] == ("~/.pdctl/venv/bin/python", "-m", "pdctl.router", "serve")
     assert "--prefill" in router.argv and "http://10.0.1.10:8100" in router.argv
     assert "http://10.0.1.11:8200" in router.argv
     assert [p.name for p in (decode, prefill, router)] == ["decode-0", "prefill-0", "router"]
@@ -71,7 +71,7 @@ def test_sim_engine_differs_only_in_argv() -> None:
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "15600"
     assert json.loads(prefill.argv[prefill.argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_producer"
     assert prefill.health_url == "http://127.0.0.1:18100/health"
-    assert router.argv[:3] == (SELF_PYTHON, "-m", "pdctl")
+    assert router.argv[:3] == (SELF_PYTHON, "-m", "pdctl.router")
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])

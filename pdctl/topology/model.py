@@ -1,19 +1,30 @@
-"""The topology file: one YAML document describing a P/D deployment, and its pydantic schema.
+"""The topology's pydantic schema: one YAML document describing a P/D deployment.
 
-Every field carries its description and default here, in one place; `load()` parses the file, validates the
-schema and the cross-field rules (`topology_checks`), and reports every problem at once with file:line.
-A loaded topology is frozen.
+Every field carries its description and default here, in one place (defaults the router shares come from
+pdctl.defaults). Reading a file is `topology.file`, the cross-field rules are `topology.checks`; this module
+imports neither. A loaded topology is frozen.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pdctl.topology_types import (
+from pdctl.defaults import (
+    HANDLE_TTL_S,
+    LOCAL_BUSY_STREAMS,
+    LOCAL_POLICY,
+    LOCAL_PREFILL_TOKENS,
+    ROUTER_PORT,
+    UCX_BLOCK_SIZE,
+    VERIFY_PREFIX,
+    VLLM_BLOCK_SIZE,
+    VLLM_DECODER_KV_BLOCKS_TTL_S,
+)
+from pdctl.kv_expiry import shortest_ttl
+from pdctl.topology.strings import (
     Address,
     DottedVersion,
     EnvKey,
@@ -35,9 +46,6 @@ from pdctl.topology_types import (
 )
 
 Role = Literal["prefill", "decode"]
-
-UCX_BLOCK_SIZE = 256
-"""pdctl's default KV block size for vLLM over UCX, from the bench legs in docs/results/h200x2*."""
 
 SHARED_GPU_LIMIT = 0.95
 """Instances may share a GPU when each sets gpu_memory_utilization and their sum stays below this."""
@@ -118,8 +126,8 @@ class Model(Strict):
     block_size: int | None = Field(
         None,
         gt=0,
-        description="KV block size in tokens; default: 256 for vLLM over UCX (measured on NVLink: "
-        "docs/results), else the engine's (16).",
+        description=f"KV block size in tokens; default: {UCX_BLOCK_SIZE} for vLLM over UCX (measured on NVLink: "
+        f"docs/results), else the engine's ({VLLM_BLOCK_SIZE}).",
     )
     local_dir: HostPath | None = Field(None, description="Model directory on the nodes; replaces the hub download.")
     load_format: Word | None = Field(None, description="vLLM --load-format, e.g. `dummy` for random weights.")
@@ -143,7 +151,9 @@ class Connector(Strict):
     backend: Literal["LIBFABRIC", "UCX"] = Field("UCX", description="NIXL backend: LIBFABRIC (EFA) or UCX.")
     bidirectional_kv_xfer: bool = Field(True, description="Decode hands its KV back to prefill next turn.")
     kv_recompute_threshold: int = Field(64, ge=0, description="Pull only when at least this many tokens.")
-    decoder_kv_blocks_ttl: int = Field(480, gt=0, description="Seconds decode keeps a finished turn's blocks.")
+    decoder_kv_blocks_ttl: int = Field(
+        VLLM_DECODER_KV_BLOCKS_TTL_S, gt=0, description="Seconds decode keeps a finished turn's blocks."
+    )
     kv_lease_duration: int | None = Field(None, gt=0, description="Seconds prefill keeps blocks for decode.")
     kv_buffer_device: Literal["cuda", "cpu"] = Field("cuda", description="Where NIXL registers the KV buffer.")
     kv_load_failure_policy: Literal["fail", "recompute"] = Field("fail", description="On a failed KV read.")
@@ -182,31 +192,31 @@ class Instance(Strict):
 
 class Router(Strict):
     node: str = Field(description="Node that runs the router.")
-    port: int = Field(8000, ge=1, le=65535, description="Port clients connect to.")
+    port: int = Field(ROUTER_PORT, ge=1, le=65535, description="Port clients connect to.")
     bind: Address | None = Field(None, description="Address to listen on; default: the node's address.")
-    handle_ttl: float = Field(450, gt=0, description="Seconds the router trusts a decode handle.")
+    handle_ttl: float = Field(HANDLE_TTL_S, gt=0, description="Seconds the router trusts a decode handle.")
     api_key_env: EnvKey | None = Field(None, description="Env var holding the API key clients must send.")
-    verify_prefix: bool = Field(True, description="Reuse only KV whose tokens match the new prompt.")
+    verify_prefix: bool = Field(VERIFY_PREFIX, description="Reuse only KV whose tokens match the new prompt.")
     local_prefill_tokens: int = Field(
-        0,
+        LOCAL_PREFILL_TOKENS,
         ge=0,
         description="Conditional disaggregation: a turn whose decode already caches all but at most this many of "
         "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
         "the decode's other streams one step of that many tokens); 0: always disaggregate.",
     )
     local_policy: Literal["always", "load"] = Field(
-        "always",
+        LOCAL_POLICY,
         description="Which of those turns run on the decode: always, or load (only while the decode has fewer "
         "than local_busy_streams requests in flight, or when the prefill is busy too).",
     )
-    local_busy_streams: int = Field(4, ge=1, description="local_policy load: a decode with this many requests in "
-                                    "flight is busy.")
+    local_busy_streams: int = Field(
+        LOCAL_BUSY_STREAMS, ge=1, description="local_policy load: a decode with this many requests in flight is busy."
+    )
 
     conversation_headers: list[str] | None = Field(
         None,
         description="Headers naming a request's conversation, in order of precedence (after the body's "
-        "conversation_id); null: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
-        "X-Correlation-Id.",
+        "conversation_id); null: the router's own list (see `pdctl router serve --help`).",
     )
 
     @model_validator(mode="after")
@@ -335,21 +345,26 @@ class Topology(Strict):
 
     def decode_kv_ttl(self) -> tuple[int, int]:
         """(index, decoder_kv_blocks_ttl) of the decode that frees a finished turn's blocks first."""
-        ttls = [(self.connector_for(d).decoder_kv_blocks_ttl, i) for i, d in enumerate(self.decode)]
-        ttl, index = min(ttls)
-        return index, ttl
+        return shortest_ttl([self.connector_for(d).decoder_kv_blocks_ttl for d in self.decode])
 
-    def block_size_for(self, inst: Instance) -> int | None:
-        """The KV block size the instance runs with; None leaves vLLM's own default (16).
+    def block_size_for(self, inst: Instance) -> int:
+        """The KV block size the instance runs with: its own, else UCX_BLOCK_SIZE, else vLLM's VLLM_BLOCK_SIZE.
 
         Over UCX (NVLink), D->P reads cost per descriptor (blocks x layers x 2), not per byte: block size 256 cut
         the median ON TTFT at 24k tokens from 543 to 345 ms on two H200s (docs/results). EFA is not measured yet,
         so it keeps vLLM's.
         """
         size = self.model_for(inst).block_size
-        if size is None and self.engine == "vllm" and self.connector.backend == "UCX":
-            return UCX_BLOCK_SIZE
-        return size
+        if size is not None:
+            return size
+        return UCX_BLOCK_SIZE if self._ucx_vllm() else VLLM_BLOCK_SIZE
+
+    def block_size_left_to_vllm(self, inst: Instance) -> bool:
+        """Nothing sets this vLLM engine's block size: it runs vLLM's default and the plan passes no --block-size."""
+        return self.engine == "vllm" and self.model_for(inst).block_size is None and not self._ucx_vllm()
+
+    def _ucx_vllm(self) -> bool:
+        return self.engine == "vllm" and self.connector.backend == "UCX"
 
     def prefix_caching_for(self, role: Role, inst: Instance) -> bool:
         if self.mode == "aggregated":
@@ -367,9 +382,3 @@ class Topology(Strict):
     def shares_gpu(self, role: Role, i: int) -> bool:
         return any(f"{role}[{i}]" in names for names in self.shared_gpus().values())
 
-
-def load(path: str | Path, overrides: list[str] | None = None) -> Topology:
-    """Read, validate and freeze a topology file; `overrides` are `dotted.key=yaml-value` strings."""
-    from pdctl.topology_file import load_file
-
-    return load_file(Path(path), overrides or [])

@@ -8,11 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pdctl import topology_yaml
 from pdctl.errors import Problem, TopologyError
-from pdctl.topology import Topology
-from pdctl.topology_checks import check
-from pdctl.topology_yaml import dotted as _dotted
+from pdctl.topology.bounded_yaml import MAX_BYTES, decode, read
+from pdctl.topology.bounded_yaml import dotted as _dotted
+from pdctl.topology.checks import check
+from pdctl.topology.model import Topology
 
 Loc = tuple[str | int, ...]
 
@@ -21,12 +21,12 @@ def load_file(path: Path, overrides: list[str]) -> Topology:
     shown = str(path)
     try:
         with path.open("rb") as fh:
-            raw = fh.read(topology_yaml.MAX_BYTES + 1)
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise TopologyError([Problem(shown, None, "", "file not found", "pass an existing file with -t")]) from None
     except OSError as exc:
         raise TopologyError([Problem(shown, None, "", f"cannot read: {exc.strerror}")]) from None
-    return parse(topology_yaml.decode(raw, shown), shown, overrides)
+    return parse(decode(raw, shown), shown, overrides)
 
 
 def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
@@ -44,7 +44,7 @@ def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology
 
 
 def _read_yaml(text: str, shown: str) -> tuple[dict[str, Any], dict[Loc, int]]:
-    data, lines = topology_yaml.read(text, shown)
+    data, lines = read(text, shown)
     if data is None:
         raise TopologyError(
             [Problem(shown, None, "", "the file is empty", "start from configs/local-sim.yaml")]
@@ -113,7 +113,7 @@ def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
     if not sep or not key:
         raise TopologyError([Problem(shown, None, override, "override must look like key.path=value")])
     try:
-        value, _ = topology_yaml.read(raw, shown, inline=True)
+        value, _ = read(raw, shown, inline=True)
     except TopologyError as exc:
         reason = exc.problems[0].message.removeprefix("the value: ")
         raise TopologyError([Problem(

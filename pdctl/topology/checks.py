@@ -1,6 +1,6 @@
 """Cross-field rules of a topology that a schema alone cannot express.
 
-`check()` returns every violation as (location, message, hint); `topology_file` turns locations into lines.
+`check()` returns every violation as (location, message, hint); `topology.file` turns locations into lines.
 """
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 
-from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, ROUTER_SLACK_S, handle_lifetime
-from pdctl.topology import SHARED_GPU_LIMIT, Instance, Role, Topology
+from pdctl.defaults import VLLM_DECODER_KV_BLOCKS_TTL_S
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, ROUTER_SLACK_S, leaves_no_handle
+from pdctl.topology.model import SHARED_GPU_LIMIT, Instance, Role, Topology
 
 Finding = tuple[tuple[str | int, ...], str, str]
 
@@ -165,7 +166,7 @@ def _router_ttl(topo: Topology) -> Iterator[Finding]:
         yield ("router", "handle_ttl"), (
             f"handle_ttl {topo.router.handle_ttl:g}s is not below decoder_kv_blocks_ttl {ttl}s"
         ), "the router must drop a handle before the decode frees its blocks; e.g. 30 s below"
-    if handle_lifetime(topo.router.handle_ttl, ttl) <= 0:
+    if leaves_no_handle(ttl):
         override = topo.decode[index].connector
         own = override is not None and override.decoder_kv_blocks_ttl is not None
         loc: tuple[str | int, ...] = ("decode", index, "connector", "decoder_kv_blocks_ttl") if own else (
@@ -174,7 +175,10 @@ def _router_ttl(topo: Topology) -> Iterator[Finding]:
             f"decoder_kv_blocks_ttl {ttl}s leaves no usable handle: the router stops using a handle "
             f"{ROUTER_EXPIRY_MARGIN_S:g}s before the decode frees its blocks (the engine declines reads within "
             f"{ENGINE_EXPIRY_MARGIN_S:g}s, plus {ROUTER_SLACK_S:g}s for the request in flight)"
-        ), f"set decoder_kv_blocks_ttl well above {ROUTER_EXPIRY_MARGIN_S:g}s (default 480) and handle_ttl below it"
+        ), (
+            f"set decoder_kv_blocks_ttl well above {ROUTER_EXPIRY_MARGIN_S:g}s (default "
+            f"{VLLM_DECODER_KV_BLOCKS_TTL_S}) and handle_ttl below it"
+        )
 
 
 def _python(topo: Topology) -> Iterator[Finding]:

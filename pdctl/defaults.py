@@ -1,0 +1,39 @@
+"""Defaults that both sides of the topology/router boundary need, each declared once.
+
+The topology's `router:` section and the router's own `RouterConfig` describe the same knobs, and the plan leaves
+out a flag whose value is the router's default; so the two must start from the same value. Neither can take it
+from the other (the topology sits below the router, and the router must not load the topology's schema), so both
+take it from here. vLLM's defaults are named as vLLM's: pdctl must agree with them where it leaves a setting to
+the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+VLLM_BLOCK_SIZE = 16
+"""vLLM's KV block size (tokens) when none is given: what an engine runs with where pdctl passes no --block-size."""
+
+UCX_BLOCK_SIZE = 256
+"""pdctl's KV block size for vLLM over UCX, from the bench legs in docs/results/h200x2*."""
+
+VLLM_DECODER_KV_BLOCKS_TTL_S = 480
+"""vLLM's `decoder_kv_blocks_ttl`: seconds a decode keeps a finished turn's blocks for the next one."""
+
+HANDLE_TTL_S = 450.0
+"""Seconds the router trusts a decode handle: 30 s inside vLLM's decoder_kv_blocks_ttl."""
+
+ROUTER_PORT = 8000
+"""The port clients connect to."""
+
+VERIFY_PREFIX = True
+"""Reuse only KV whose token ids match the new prompt."""
+
+LOCAL_PREFILL_TOKENS = 0
+"""Conditional disaggregation off: every turn takes the prefill hop."""
+
+LOCAL_POLICY: Literal["always", "load"] = "always"
+"""Which turns under local_prefill_tokens run on the decode alone."""
+
+LOCAL_BUSY_STREAMS = 4
+"""local_policy load: requests in flight from which a decode counts as busy."""
