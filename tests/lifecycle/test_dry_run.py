@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 import uuid
 from pathlib import Path
 
@@ -100,4 +101,47 @@ def test_after_a_changed_setting_only_that_process_would_restart(
         "  router: running, left as it is",
         "provisioning: not needed, nothing would start",
         "dry run: no changes",
+    ]
+
+
+def test_dry_run_with_restart_restarts_everything_and_previews_provisioning(
+    make_topo: MakeTopo, console: Console, tmp_path: Path
+) -> None:
+    topo = make_topo()
+    up(topo, console)
+    result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run", "--restart"])
+    assert result.exit_code == 0, result.output
+    null = "python.venv is null"
+    assert result.stdout.splitlines() == [
+        "local: 3 changes",
+        "  efa.installer: no change (efa.required is false)",
+        f"  python.venv: no change ({null}: the CLI's own interpreter runs pdctl)",
+        "  python.wheelhouse: no change (no python.wheelhouse: packages come from the index)",
+        "  python.packages: no change (no packages to install here)",
+        f"  pdctl.ship: no change ({null}: nodes run the CLI's own pdctl)",
+        "  vllm.compat: no change (no vLLM engine on this node)",
+        "  model.download: no change (no vLLM engine on this node)",
+        "  decode-0: would restart (--restart)",
+        "  prefill-0: would restart (--restart)",
+        "  router: would restart (--restart)",
+        "dry run: 3 changes, nothing changed",
+    ]
+
+
+def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path) -> None:
+    topo = make_topo()
+    port = topo.router.port
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[-7:] == [
+        f"  engine key: would write {tmp_path}/work/{topo.name}/engine.key",
+        "  decode-0: would start",
+        "  prefill-0: would start",
+        "  router: would start",
+        "up would stop here: preflight failed:",
+        f"  local: port {port} needed by router is in use",
+        "dry run: 4 changes, nothing changed",
     ]
