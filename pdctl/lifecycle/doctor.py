@@ -29,6 +29,7 @@ from pdctl.operations.base import Context
 from pdctl.operations.dry import Preview
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
+from pdctl.remote.hosts import parallel
 from pdctl.topology import Topology
 
 Status = Literal["ok", "fail", "info"]
@@ -231,8 +232,6 @@ def doctor(
 ) -> DoctorReport:
     """Read the facts of every host (in parallel), preview provisioning on them, and judge them against the
     topology and its plan `specs`. Changes nothing."""
-    from pdctl.remote.hosts import parallel
-
     layouts = layouts_from_env() if layouts is None else layouts
     ctxs = {c.node.name: c for c in contexts(topo, specs, layouts) if c.node.name in hosts}
 

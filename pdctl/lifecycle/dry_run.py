@@ -96,16 +96,19 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
 
         try:
             topo = bound(topo)
-        except SlurmError as exc:
+        except SlurmError as exc:  # no running job, so no host to ask: `up` submits (or attaches) first
             report.notes.append(f"slurm: {exc.message}: `up` would get a job first, then start every process")
-            report.hosts = [HostDryRun(n.name, [ProcessChange(s.name, "start") for s in plan(topo) if s.node == n.name])
-                            for n in topo.nodes]
+            report.hosts = [HostDryRun(n.name) for n in topo.nodes]
+            by_node = {h.node: h for h in report.hosts}
+            for spec in plan(topo):
+                by_node[spec.node].processes.append(ProcessChange(spec.name, "start"))
             return report
     specs = plan(topo)
     with reachable(topo.nodes, opts.ssh) as (hosts, failed):
-        report.hosts = [HostDryRun(n.name, unreachable=failed[n.name].message.splitlines()[0]
-                                   if n.name in failed else None) for n in topo.nodes]
+        report.hosts = [HostDryRun(n.name) for n in topo.nodes]
         by_node = {h.node: h for h in report.hosts}
+        for node, error in failed.items():
+            by_node[node].unreachable = error.message.splitlines()[0]
         nodes = sorted({s.node for s in specs if s.node in hosts})
         live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
         known = [s for s in specs if s.node in hosts]
