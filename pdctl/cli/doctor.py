@@ -26,17 +26,19 @@ def doctor_command(
 ) -> None:
     """Read every node's state (EFA, GPUs, driver, venv, vLLM/NIXL, model, ports, disk) and say what to fix.
 
+    Also lists what `pdctl up` would change on each node (each provisioning step's first change).
     Changes nothing. Exits 1 when any check fails.
     """
 
     def run() -> DoctorReport:
+        from pdctl.plan import plan
         from pdctl.remote.hosts import reachable
         from pdctl.slurm.allocation import bound
 
         topo = bound(load_topology(topology, overrides))
         options = SshOptions.from_env(accept_new_host_keys=accept_new_host_keys or None)
         with reachable(topo.nodes, options) as (hosts, failed):
-            report = doctor(topo, hosts)
+            report = doctor(topo, plan(topo), hosts)
         for node, exc in failed.items():
             unreachable = HostChecks(node)
             unreachable.add("connect", False, exc.message, exc.hint or "check the node's address and SSH access")

@@ -40,6 +40,9 @@ def up(
     allow_reboot: Annotated[bool, typer.Option("--allow-reboot", help="Provisioning may reboot hosts.")] = False,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds to wait for health.")] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke-test", help="Skip the two-turn reuse check.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print every change `up` would make, per host; change nothing.")
+    ] = False,
     accept_new_host_keys: AcceptOpt = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
@@ -48,20 +51,29 @@ def up(
     from pdctl.lifecycle import UpOptions
     from pdctl.lifecycle import up as do_up
 
-    def run() -> None:
+    def run() -> bool:
         topo = load_topology(topology, overrides)
         opts = UpOptions(
             ssh=_ssh(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
             provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
         )
+        if dry_run:
+            from pdctl.lifecycle.dry_run import dry_run as do_dry_run
+            from pdctl.lifecycle.dry_run import render_dry_run
+
+            report = do_dry_run(topo, opts)
+            render_dry_run(report, out)
+            return report.ok
         dep = do_up(topo, err, opts)
         if dep.started:
             out.print(f"[green]up[/] {dep.name}: started {', '.join(dep.started)}", highlight=False)
         else:
             out.print(f"[green]up[/] {dep.name}: already running, no changes", highlight=False)
         out.print(f"router: {dep.router_url}", highlight=False)
+        return True
 
-    call(run)
+    if not call(run):
+        raise typer.Exit(1)
 
 
 def status(

@@ -1,8 +1,13 @@
-"""`pdctl doctor`: the facts only, as a checklist per host: what is there, what is missing, what to do."""
+"""`pdctl doctor`: the facts and the dry run of provisioning, as a checklist per host: what is there, what is
+missing, what `pdctl up` would change (each operation's first change) and what to do.
+
+Doctor reads its facts and the operations' in one round trip per host, then previews every operation on them
+(`provision.preview`); where a check asks what an operation asks ("is it done?"), the operation answers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -16,12 +21,15 @@ from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
 from pdctl.facts.gpu import GpuMemory, GpuMemoryUse, NvidiaSmi
 from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
 from pdctl.facts.python import VllmCompat
+from pdctl.lifecycle import provision
 from pdctl.lifecycle.provision import contexts
 from pdctl.operations import efa as efa_op
 from pdctl.operations import model, python
 from pdctl.operations.base import Context
-from pdctl.plan import plan
+from pdctl.operations.dry import Preview
+from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
+from pdctl.remote.hosts import parallel
 from pdctl.topology import Topology
 
 Status = Literal["ok", "fail", "info"]
@@ -77,9 +85,15 @@ def facts_for(ctx: Context) -> list[Fact[Any]]:
     return facts
 
 
-def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
+def host_checks(
+    ctx: Context, specs: Sequence[ProcessSpec], values: Mapping[str, Any], previews: Sequence[Preview] = ()
+) -> HostChecks:
+    """Judge one host's facts; `previews` (its operations, dry) answer the checks that are an operation's own."""
+
     def get(fact: Fact[Any]) -> Any:
         return values[fact.key()]
+
+    done = {p.name: p.error is None and not p.changes for p in previews}
 
     topo, out = ctx.topo, HostChecks(ctx.node.name)
     os_info = get(OsRelease())
@@ -94,17 +108,21 @@ def host_checks(ctx: Context, values: Mapping[str, Any]) -> HostChecks:
                 if gpus.gpus else gpus.error or "none", "install the NVIDIA driver; check `nvidia-smi` on the node")
         out.add("driver", gpus.driver is not None, gpus.driver or "none", "install the NVIDIA driver")
         _memory_checks(ctx, get(GpuMemory()), out)
-    _python_checks(ctx, get, out)
+    _python_checks(ctx, get, out, done)
     if ctx.vllm:
         snap = get(model.snapshot_fact(ctx))
-        out.add("model", snap.present, snap.path or f"{topo.model.id} not found", "`pdctl up` downloads it")
-    ports = sorted({p for s in plan(topo) if s.node == ctx.node.name for p in s.ports})
+        out.add("model", done.get("model.download", snap.present), snap.path or f"{topo.model.id} not found",
+                "`pdctl up` downloads it")
+    ports = sorted({p for s in specs if s.node == ctx.node.name for p in s.ports})
     busy = [p for p in ports if p in get(ListeningPorts())]
     out.add("ports", not busy, f"busy: {busy}" if busy else f"free: {ports}", "stop what listens (`pdctl down`?)")
     free = get(DiskFree(topo.hf_home if ctx.vllm and topo.hf_home else ctx.work_dir))
     need = 100 * GIB if ctx.vllm and not topo.model.local_dir else GIB
     out.add("disk", free is not None and free >= need, f"{(free or 0) / GIB:.0f} GiB free",
             f"free space: at least {need // GIB} GiB is needed")
+    for p in previews:  # what `pdctl up` would change: info, or a failure `up` would stop at
+        failing = p.error is not None and not p.after_changes
+        out.add(p.name, False if failing else None, p.describe(), (p.error.hint or "") if failing and p.error else "")
     return out
 
 
@@ -138,14 +156,14 @@ def _memory_checks(ctx: Context, memory: list[GpuMemoryUse], out: HostChecks) ->
 def _efa_checks(ctx: Context, get: Any, out: HostChecks) -> None:
     efa = ctx.topo.efa
     fabric = get(FiInfo())
-    out.add("efa devices", "efa" in fabric.providers and fabric.devices >= efa.devices,
+    out.add("efa devices", efa_op.devices_ok(ctx, fabric.providers, fabric.devices),
             f"{fabric.devices}/{efa.devices} provider {','.join(fabric.providers) or 'none'}"
             + (f" ({fabric.error})" if fabric.error else ""),
             "attach the EFA interfaces at launch; check fi_info -p efa -t FI_EP_RDM")
     installed = get(InstallerVersion())
     pinned = efa.installer_version
-    fresh = installed is not None and (not pinned or efa_op.version_tuple(installed) >= efa_op.version_tuple(pinned))
-    out.add("efa installer", fresh, installed or "not installed", f"`pdctl up` installs {pinned} (set efa.sha256)")
+    out.add("efa installer", not efa_op.outdated(installed, pinned), installed or "not installed",
+            f"`pdctl up` installs {pinned} (set efa.sha256)")
     module = get(EfaModule())
     out.add("efa module", module.loaded is not None and not module.reboot_pending,
             f"loaded {module.loaded or 'none'}, installed {module.installed or 'none'}",
@@ -168,14 +186,14 @@ SLURM_MEMLOCK_FIX = (
 )
 
 
-def _python_checks(ctx: Context, get: Any, out: HostChecks) -> None:
+def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, bool]) -> None:
     reqs = python.requirements(ctx)
     venv = get(python.venv_state(ctx, tuple(r.name for r in reqs)))
     out.add("python", venv.python is not None, f"{ctx.venv_dir}: Python {venv.python}" if venv.python
             else f"no venv at {ctx.venv_dir}", "`pdctl up` creates it")
     for req in reqs:
         have = venv.version(req.name)
-        good = have is not None and req.specifier.contains(have, prereleases=True)
+        good = python.satisfied(req, venv)
         value = f"{req.name} {have or 'missing'}"
         if req.name == "nixl" and have:
             backend = ctx.topo.connector.backend
@@ -184,14 +202,16 @@ def _python_checks(ctx: Context, get: Any, out: HostChecks) -> None:
         out.add(req.name, good, value, f"`pdctl up` installs {req} (with its {ctx.topo.connector.backend} plugin)")
     if ctx.venv and (ctx.runs_pdctl or ctx.vllm):
         have = venv.version("pdctl")
-        out.add("pdctl", have == pdctl.__version__, f"{have or 'missing'} (CLI {pdctl.__version__})",
-                "`pdctl up` ships it")
+        shipped = done.get("pdctl.ship", have == pdctl.__version__)  # the same wheel, not only the same version
+        build = ", another build" if have == pdctl.__version__ and not shipped else ""
+        out.add("pdctl", shipped, f"{have or 'missing'} (CLI {pdctl.__version__}{build})", "`pdctl up` ships it")
     if ctx.vllm and venv.version("vllm") is None:
         out.add("kv_transfer_params streaming", False, "vllm not installed yet",
                 f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must")
     elif ctx.vllm:
         state = get(VllmCompat(ctx.python))
-        out.add("kv_transfer_params streaming", state in ("native", "patched"), state or "unknown",
+        out.add("kv_transfer_params streaming", done.get("vllm.compat", state in ("native", "patched")),
+                state or "unknown",
                 "`pdctl up` applies pdctl's patch" if state == "needs-patch" else "pin vLLM 0.33.0 or 0.26.0")
 
 
@@ -205,22 +225,31 @@ def _same_versions(reports: dict[str, HostChecks], ctxs: list[Context], versions
 
 
 def doctor(
-    topo: Topology, hosts: Mapping[str, Transport], layouts: Mapping[str, HostLayout] | None = None
+    topo: Topology,
+    specs: Sequence[ProcessSpec],
+    hosts: Mapping[str, Transport],
+    layouts: Mapping[str, HostLayout] | None = None,
 ) -> DoctorReport:
-    """Read the facts of every host (in parallel) and judge them against the topology. Changes nothing."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Read the facts of every host (in parallel), preview provisioning on them, and judge them against the
+    topology and its plan `specs`. Changes nothing."""
     layouts = layouts_from_env() if layouts is None else layouts
-    ctxs = [c for c in contexts(topo, layouts) if c.node.name in hosts]
+    ctxs = {c.node.name: c for c in contexts(topo, specs, layouts) if c.node.name in hosts}
 
-    def one(ctx: Context) -> tuple[HostChecks, dict[str, str]]:
-        values = gather(hosts[ctx.node.name], facts_for(ctx), ctx.layout)
-        venv = values[python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))).key()]
-        versions = {n: venv.version(n) for n in ("vllm", "nixl", "torch")} if ctx.vllm else {}
-        return host_checks(ctx, values), {k: v for k, v in versions.items() if v}
+    def read(ctx: Context) -> dict[str, Any]:
+        wanted = {f.key(): f for f in [*facts_for(ctx), *provision.facts_for(ctx)]}
+        return gather(hosts[ctx.node.name], list(wanted.values()), ctx.layout)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
-        results = list(pool.map(one, ctxs))
-    reports = {r.node: r for r, _ in results}
-    _same_versions(reports, ctxs, {r.node: v for r, v in results})
+    values = parallel(ctxs, lambda n: read(ctxs[n]))
+    previews = {p.node: p for p in provision.preview(topo, specs, hosts, layouts=layouts, known=values)}
+    reports: dict[str, HostChecks] = {}
+    versions: dict[str, dict[str, str]] = {}
+    for node, ctx in ctxs.items():
+        dry = previews[node]
+        reports[node] = host_checks(ctx, specs, values[node], dry.previews)
+        if dry.error is not None:
+            reports[node].add("provisioning preview", False, dry.error.message, dry.error.hint or "")
+        venv = values[node][python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))).key()]
+        found = {n: venv.version(n) for n in ("vllm", "nixl", "torch")} if ctx.vllm else {}
+        versions[node] = {k: v for k, v in found.items() if v}
+    _same_versions(reports, list(ctxs.values()), versions)
     return DoctorReport(list(reports.values()))

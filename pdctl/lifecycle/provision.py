@@ -3,14 +3,17 @@
 `provision()` is the hook `pdctl up` calls between preflight and launch. Per host, in parallel: read the
 facts the operations need in one round trip, then run the operations in order (EFA, venv, wheelhouse,
 packages, pdctl itself, the vLLM patch, the model), printing what changed or why nothing did, and the time.
+`preview()` is the same path dry (`up --dry-run`, `doctor`): each operation stops at its first change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,9 @@ from pdctl.facts.host import Sudo
 from pdctl.facts.python import FileHashes, VllmCompat
 from pdctl.operations import efa, model, python, ship, vllm
 from pdctl.operations.base import Context, Facts, Noop, Operation
+from pdctl.operations.dry import Preview, dry_run
 from pdctl.operations.steps import StepRunner
-from pdctl.plan import plan
+from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
 from pdctl.topology import Topology
 
@@ -60,11 +64,28 @@ class HostReport:
         return any(r.changes for r in self.results)
 
 
+@dataclass
+class HostPreview:
+    """`preview()` of one host: each operation's first change or why it has none; `error`: facts unreadable."""
+
+    node: str
+    previews: list[Preview] = field(default_factory=list)
+    error: PdctlError | None = None
+
+    @property
+    def changes(self) -> list[Preview]:
+        return [p for p in self.previews if p.changes]
+
+
 def contexts(
-    topo: Topology, layouts: Mapping[str, HostLayout], *, allow_reboot: bool = False, wheel: Any = None
+    topo: Topology,
+    specs: Sequence[ProcessSpec],
+    layouts: Mapping[str, HostLayout],
+    *,
+    allow_reboot: bool = False,
+    wheel: Any = None,
 ) -> list[Context]:
-    """One context per node that runs something, with what it runs."""
-    specs = plan(topo)
+    """One context per node that runs something (in `specs`, the topology's plan), with what it runs."""
     engines = {s.node for s in specs if s.role != "router"}
     pdctl_nodes = {s.node for s in specs if s.role == "router" or topo.engine == "sim"}
     wheelhouse = python.wheelhouse_files(topo.python.wheelhouse) if topo.python.wheelhouse else []
@@ -149,8 +170,20 @@ def provision_host(ctx: Context, transport: Transport, console: Console, runner:
     return report
 
 
+@contextmanager
+def _shipping(ctxs: list[Context], wheel: ship.Wheel | None) -> Iterator[None]:
+    """Give the contexts pdctl's wheel: `wheel`, else one built now for the block (where a node has a venv)."""
+    with tempfile.TemporaryDirectory(prefix="pdctl-wheel-") as tmp:
+        if wheel is None and any(c.venv for c in ctxs):
+            wheel = ship.build_wheel(Path(tmp))
+        for ctx in ctxs:
+            ctx.wheel = wheel
+        yield
+
+
 def provision(
     topo: Topology,
+    specs: Sequence[ProcessSpec],
     hosts: dict[str, Transport],
     console: Console,
     *,
@@ -158,18 +191,15 @@ def provision(
     layouts: Mapping[str, HostLayout] | None = None,
     wheel: ship.Wheel | None = None,
 ) -> list[HostReport]:
-    """Provision `hosts` (node name -> transport) for `topo`; raises a `PdctlError` naming every host that failed.
+    """Provision `hosts` (node name -> transport) for `topo` and its plan `specs`; raises a `PdctlError` naming
+    every host that failed.
 
     `layouts` (default: from $PDCTL_HOST_LAYOUT) say where a host keeps its tools and system files; `wheel`
     is pdctl's own wheel to ship (default: built now from the running pdctl).
     """
     layouts = layouts_from_env() if layouts is None else layouts
-    with tempfile.TemporaryDirectory(prefix="pdctl-wheel-") as tmp:
-        ctxs = [c for c in contexts(topo, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
-        if wheel is None and any(c.venv for c in ctxs):
-            wheel = ship.build_wheel(Path(tmp))
-        for ctx in ctxs:
-            ctx.wheel = wheel
+    ctxs = [c for c in contexts(topo, specs, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
+    with _shipping(ctxs, wheel):
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
         with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
             reports = list(pool.map(lambda c: provision_host(c, hosts[c.node.name], console, runner), ctxs))
@@ -180,3 +210,42 @@ def provision(
         lines = "\n".join(f"  {r.node}: {r.error}" for r in failed)
         raise PdctlError(f"provisioning failed on {len(failed)} hosts:\n{lines}", failed[0].error.hint)  # type: ignore[union-attr]
     return reports
+
+
+def preview_host(ctx: Context, transport: Transport, known: Mapping[str, Any] | None = None) -> HostPreview:
+    """Every operation on one host, dry. `known`: facts already read this round (doctor's), used as they are."""
+    report = HostPreview(ctx.node.name)
+    ctx.facts = Facts(lambda facts: gather(transport, facts, ctx.layout))
+    try:
+        wanted = [f for f in facts_for(ctx) if known is None or f.key() not in known]
+        ctx.facts.prime({**(known or {}), **(gather(transport, wanted, ctx.layout) if wanted else {})})
+        for op_name, operation in OPERATIONS:
+            result = dry_run(op_name, operation, ctx)
+            if result.error is not None and report.changes:
+                result = dataclasses.replace(result, after_changes=True)
+            report.previews.append(result)
+    except PdctlError as exc:  # a fact's read failed: the host went away
+        report.error = exc
+    return report
+
+
+def preview(
+    topo: Topology,
+    specs: Sequence[ProcessSpec],
+    hosts: Mapping[str, Transport],
+    *,
+    allow_reboot: bool = False,
+    layouts: Mapping[str, HostLayout] | None = None,
+    wheel: ship.Wheel | None = None,
+    known: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[HostPreview]:
+    """What `provision()` would change on each host, changing nothing: per operation its first change.
+
+    `known` (node -> fact values) are facts the caller read already; the rest are read here, in one round trip.
+    """
+    layouts = layouts_from_env() if layouts is None else layouts
+    ctxs = [c for c in contexts(topo, specs, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
+    with _shipping(ctxs, wheel), ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
+        return list(pool.map(
+            lambda c: preview_host(c, hosts[c.node.name], (known or {}).get(c.node.name)), ctxs
+        ))

@@ -86,7 +86,8 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             if opts.provision:
                 from pdctl.lifecycle.provision import provision
 
-                provision(topo, {n.name: hosts[n.name] for n in topo.nodes}, console, allow_reboot=opts.allow_reboot)
+                provision(topo, specs, {n.name: hosts[n.name] for n in topo.nodes}, console,
+                          allow_reboot=opts.allow_reboot)
         timeout = opts.timeout or (1800.0 if topo.engine == "vllm" else 120.0)
         started: list[str] = []
         try:
@@ -156,6 +157,34 @@ def _stop_started(
         store.forget(state, name)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """Per process of the plan, what `up` does: start it (not running), keep it (running, same argv), or
+    `changed`: running with another argv, or not recorded in the state file (`up` refuses; `--restart`)."""
+
+    start: list[ProcessSpec]
+    kept: list[str]
+    changed: list[str]
+
+
+def decide(
+    specs: Sequence[ProcessSpec],
+    state: DeploymentState,
+    live: Mapping[str, dict[str, list[HostProcess]]],
+) -> Decision:
+    """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it)."""
+    decision = Decision([], [], [])
+    for spec in specs:
+        record = state.processes.get(spec.name)
+        if not live[spec.node].get(spec.name, []):
+            decision.start.append(spec)
+        elif record is not None and record.argv_hash == argv_hash(spec):
+            decision.kept.append(spec.name)
+        else:
+            decision.changed.append(spec.name)
+    return decision
+
+
 def _decide(
     deployment: str,
     specs: Sequence[ProcessSpec],
@@ -163,26 +192,16 @@ def _decide(
     live: Mapping[str, dict[str, list[HostProcess]]],
 ) -> tuple[list[ProcessSpec], list[str]]:
     """Which specs must start; alive ones with the same argv are kept; alive with another argv is an error."""
-    to_start: list[ProcessSpec] = []
-    kept: list[str] = []
-    changed: list[str] = []
-    for spec in specs:
-        procs = live[spec.node].get(spec.name, [])
-        record = state.processes.get(spec.name)
-        if not procs:
-            state.processes.pop(spec.name, None)
-            to_start.append(spec)
-        elif record is not None and record.argv_hash == argv_hash(spec):
-            kept.append(spec.name)
-        else:
-            changed.append(spec.name)
-    if changed:
+    decision = decide(specs, state, live)
+    if decision.changed:
         raise LaunchError(
-            f"{deployment}: {', '.join(changed)} already running with other settings (or not recorded in the "
-            "state file)",
+            f"{deployment}: {', '.join(decision.changed)} already running with other settings (or not recorded in "
+            "the state file)",
             hint="restart the deployment with the new topology: `pdctl up --restart`",
         )
-    return to_start, kept
+    for spec in decision.start:
+        state.processes.pop(spec.name, None)
+    return decision.start, decision.kept
 
 
 def _start(

@@ -23,6 +23,16 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
+def outdated(installed: str | None, want: str | None) -> bool:
+    """The installer must run: EFA is missing, or older than the pinned `want`."""
+    return installed is None or bool(want and version_tuple(installed) < version_tuple(want))
+
+
+def devices_ok(ctx: Context, providers: list[str], devices: int) -> bool:
+    """libfabric sees at least `efa.devices` devices through the `efa` provider."""
+    return "efa" in providers and devices >= ctx.topo.efa.devices
+
+
 def installer(ctx: Context) -> Operation:
     """Install EFA when the installed version is missing or older than `efa.installer_version`."""
     efa = ctx.topo.efa
@@ -36,7 +46,7 @@ def installer(ctx: Context) -> Operation:
     want = efa.installer_version
     changed = False
     reboot = False
-    if installed is None or (want and version_tuple(installed) < version_tuple(want)):
+    if outdated(installed, want):
         _can_install(ctx, installed)
         assert want is not None
         result = yield from _install(ctx, want)
@@ -131,7 +141,7 @@ def _reboot(ctx: Context, version: str, installed: str | None, loaded: str | Non
 
 def _check_devices(ctx: Context, providers: list[str], devices: int, error: str | None) -> None:
     want = ctx.topo.efa.devices
-    if "efa" in providers and devices >= want:
+    if devices_ok(ctx, providers, devices):
         return
     seen = f"{devices}/{want} EFA devices" + (f" ({error})" if error else "")
     raise PdctlError(

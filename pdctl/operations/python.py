@@ -10,7 +10,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from pdctl.errors import PdctlError, RemoteCommandError, TopologyError
 from pdctl.facts.base import path
-from pdctl.facts.python import FileHashes, VenvState
+from pdctl.facts.python import FileHashes, Venv, VenvState
 from pdctl.operations.base import Context, Noop, Operation, Put, Run
 from pdctl.remote.base import CommandResult
 
@@ -124,14 +124,15 @@ def requirements(ctx: Context) -> list[Requirement]:
         raise TopologyError([Problem("topology", None, "python.packages", str(exc), "use pip syntax")]) from None
 
 
+def satisfied(req: Requirement, state: Venv) -> bool:
+    """The venv has `req`'s package at a version its specifier allows."""
+    have = state.version(req.name)
+    return have is not None and req.specifier.contains(have, prereleases=True)
+
+
 def unmet(ctx: Context, reqs: list[Requirement]) -> list[Requirement]:
     state = ctx.facts.get(venv_state(ctx, tuple(r.name for r in reqs)))
-    bad = []
-    for req in reqs:
-        have = state.version(req.name)
-        if have is None or not req.specifier.contains(have, prereleases=True):
-            bad.append(req)
-    return bad
+    return [req for req in reqs if not satisfied(req, state)]
 
 
 def packages(ctx: Context) -> Operation:

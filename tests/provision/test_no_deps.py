@@ -21,6 +21,7 @@ from pdctl.operations import python
 from pdctl.operations.base import Facts
 from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.operations.steps import StepRunner
+from pdctl.plan import plan
 from pdctl.topology import Topology, load
 
 from .support import HomeTransport, fake_vllm_wheel, host_root, make_wheel, topology
@@ -73,12 +74,13 @@ def test_verified_wheel_set_with_conflicting_pins_installs_with_no_deps(tmp_path
     hosts = {"a": HomeTransport("a", root / "home")}
 
     with pytest.raises(RemoteCommandError) as refused:
-        provision(_topo(wh, tmp_path, no_deps=False), hosts, _console(), layouts={"a": layout}, wheel=wheel)
+        conflicting = _topo(wh, tmp_path, no_deps=False)
+        provision(conflicting, plan(conflicting), hosts, _console(), layouts={"a": layout}, wheel=wheel)
     assert "fakeapi<0.137.0" in refused.value.message, "pip's resolver refuses the set"
     assert "python.no_deps: true" in refused.value.hint
 
     topo = _topo(wh, tmp_path, no_deps=True)
-    [first] = provision(topo, hosts, _console(), layouts={"a": layout}, wheel=wheel)
+    [first] = provision(topo, plan(topo), hosts, _console(), layouts={"a": layout}, wheel=wheel)
     assert _changes(first)["python.packages"] == [
         "pip install --no-deps the 4 wheels of python.wheelhouse (for vllm==0.26.0, nixl==1.5.1)"
     ]
@@ -88,7 +90,7 @@ def test_verified_wheel_set_with_conflicting_pins_installs_with_no_deps(tmp_path
                         "pdctl": wheel.version}
 
     console = _console()
-    [second] = provision(topo, hosts, console, layouts={"a": layout}, wheel=wheel)
+    [second] = provision(topo, plan(topo), hosts, console, layouts={"a": layout}, wheel=wheel)
     assert not second.changed, second
     assert "a: no changes" in console.export_text()
 
@@ -109,7 +111,7 @@ def test_existing_venv_without_system_site_packages_is_switched_on(tmp_path: Pat
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     host = HomeTransport("a", root / "home")
     topo = topology(engine="sim", python={"venv": "~/venv", "system_site_packages": True})
-    [ctx] = contexts(topo, {"a": layout})
+    [ctx] = contexts(topo, plan(topo), {"a": layout})
     ctx.facts = Facts(lambda facts: gather(host, facts, layout))
     with StepRunner(_console()) as runner:
         done = run_operation("python.venv", python.venv, ctx, host, _console(), runner)

@@ -19,6 +19,7 @@ from pdctl.operations import efa
 from pdctl.operations.base import Facts
 from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.operations.steps import StepRunner
+from pdctl.plan import plan
 from pdctl.topology import Topology
 from pdctl.vllm_compat import PATCHED_MARKER
 
@@ -58,7 +59,7 @@ def test_sim_topology_ships_pdctl_to_two_hosts_once(tmp_path: Path, wheelhouse: 
     hosts = {n: HomeTransport(n, root / "home") for n, (root, _) in roots.items()}
     layouts = {n: layout for n, (_, layout) in roots.items()}
 
-    first = provision(topo, hosts, _console(), layouts=layouts, wheel=wheel)
+    first = provision(topo, plan(topo), hosts, _console(), layouts=layouts, wheel=wheel)
     for report in first:
         assert _ops(report) == {
             "efa.installer": False, "python.venv": True, "python.wheelhouse": True, "python.packages": True,
@@ -75,7 +76,7 @@ def test_sim_topology_ships_pdctl_to_two_hosts_once(tmp_path: Path, wheelhouse: 
 
     console = _console()
     start = time.monotonic()
-    second = provision(topo, hosts, console, layouts=layouts, wheel=wheel)
+    second = provision(topo, plan(topo), hosts, console, layouts=layouts, wheel=wheel)
     print(f"second provisioning of 2 sim hosts: {time.monotonic() - start:.2f} s")
     for report in second:
         assert not report.changed, report
@@ -96,7 +97,7 @@ def test_vllm_efa_host_is_provisioned_once(tmp_path: Path, wheelhouse: Path, whe
     root, layout = host_root(tmp_path, "a")
     hosts = {"a": HomeTransport("a", root / "home")}
 
-    [first] = provision(topo, hosts, _console(), layouts={"a": layout}, wheel=wheel)
+    [first] = provision(topo, plan(topo), hosts, _console(), layouts={"a": layout}, wheel=wheel)
     assert _ops(first) == {
         "efa.installer": True, "python.venv": True, "python.wheelhouse": True, "python.packages": True,
         "pdctl.ship": True, "vllm.compat": True, "model.download": True,
@@ -107,7 +108,7 @@ def test_vllm_efa_host_is_provisioned_once(tmp_path: Path, wheelhouse: Path, whe
     assert (root / "opt/amazon/efa_installed_packages").read_text().startswith("# EFA installer version: 1.47.0")
     assert (root / "home/hf/hub/models--Qwen--Qwen3-32B/refs/main").exists()
 
-    [second] = provision(topo, hosts, _console(), layouts={"a": layout}, wheel=wheel)
+    [second] = provision(topo, plan(topo), hosts, _console(), layouts={"a": layout}, wheel=wheel)
     assert not second.changed
     assert {r.name: r.noop for r in second.results}["vllm.compat"] == (
         "vLLM 0.26.0 already carries pdctl's streaming patch"
@@ -131,7 +132,7 @@ def _efa_only(tmp_path: Path, **efa: object) -> tuple[Topology, HomeTransport, H
 
 def _run_efa(topo: Topology, transport: HomeTransport, layout: HostLayout, allow_reboot: bool = False) -> OpResult:
     """Only the EFA operation, executed for real on the host."""
-    [ctx] = contexts(topo, {"a": layout}, allow_reboot=allow_reboot)
+    [ctx] = contexts(topo, plan(topo), {"a": layout}, allow_reboot=allow_reboot)
     ctx.facts = Facts(lambda facts: gather(transport, facts, layout))
     with StepRunner(_console()) as runner:
         return run_operation("efa.installer", efa.installer, ctx, transport, _console(), runner)

@@ -25,6 +25,7 @@ from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import UpOptions, doctor, down, up
 from pdctl.lifecycle.provision import HostReport, contexts, provision
 from pdctl.operations.ship import Wheel, build_wheel
+from pdctl.plan import plan
 from pdctl.remote.hosts import connected
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
@@ -107,7 +108,7 @@ def test_sim_topology_over_ssh_provisions_each_node_venv_once(
 
     with connected(topo.nodes, ssh) as hosts:
         start = time.monotonic()
-        first = provision(topo, hosts, _console(), layouts=layouts, wheel=wheel)
+        first = provision(topo, plan(topo), hosts, _console(), layouts=layouts, wheel=wheel)
         print(f"first provisioning of 2 SSH hosts: {time.monotonic() - start:.1f} s")
         for report in first:
             assert _ops(report) == {
@@ -125,7 +126,7 @@ def test_sim_topology_over_ssh_provisions_each_node_venv_once(
         assert not (tmp_path / "shared-venv").exists() and not (tmp_path / "shared-work").exists()
 
         console = _console()
-        second = provision(topo, hosts, console, layouts=layouts, wheel=wheel)
+        second = provision(topo, plan(topo), hosts, console, layouts=layouts, wheel=wheel)
     text = console.export_text()
     for report in second:
         assert not report.changed, report
@@ -162,7 +163,7 @@ def test_vllm_host_facts_over_ssh_equal_the_local_ones(lab: SshLab, ssh: SshOpti
         python={"venv": str(tmp_path / "venv"), "vllm_version": "0.26.0"},
         work_dir=str(tmp_path / "work"),
     )
-    [ctx] = contexts(topo, {"h1": layout})
+    [ctx] = contexts(topo, plan(topo), {"h1": layout})
     facts = [f for f in doctor.facts_for(ctx) if not isinstance(f, ListeningPorts)]  # per network namespace
     local = gather(LocalTransport("h1"), facts, layout)
     with connected(topo.nodes, ssh) as hosts:

@@ -1,0 +1,199 @@
+"""`up --dry-run`: every change `up` would make, host by host, with nothing changed anywhere.
+
+`up`'s stages, each stopped before it changes something: connect (a host that does not answer is reported, as
+`status` does), what runs on the hosts against the state file (`up.decide`, the decision `up` itself takes), the
+preflight, the engine key file, and provisioning previewed operation by operation (`provision.preview`, which
+stops each operation at its first change). No lock is taken, no state file written, no process started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rich.console import Console
+from rich.markup import escape
+
+from pdctl.errors import LaunchError
+from pdctl.lifecycle import launch
+from pdctl.lifecycle.preflight import preflight
+from pdctl.lifecycle.provision import HostPreview, preview
+from pdctl.lifecycle.smoke import router_api_key
+from pdctl.lifecycle.up import UpOptions, decide
+from pdctl.plan import ProcessSpec, engine_key_path, plan
+from pdctl.remote.base import Transport, expand_home
+from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.procs import HostProcess
+from pdctl.state import DeploymentState, StateStore
+from pdctl.topology import Topology
+
+Action = Literal["start", "restart", "stop", "keep"]
+VERBS: dict[Action, str] = {
+    "start": "would start", "restart": "would restart", "stop": "would stop", "keep": "running, left as it is",
+}
+FIRST_CHANGE_NOTE = "provisioning shows each operation's first change; more steps may follow it"
+
+
+@dataclass(frozen=True)
+class ProcessChange:
+    name: str
+    action: Action
+    why: str = ""
+
+    def describe(self) -> str:
+        return f"{self.name}: {VERBS[self.action]}" + (f" ({self.why})" if self.why else "")
+
+
+@dataclass
+class HostDryRun:
+    node: str
+    processes: list[ProcessChange] = field(default_factory=list)
+    provision: HostPreview | None = None  # None: `up` would not provision (nothing starts, --skip-provision)
+    engine_key: str | None = None  # the key file `up` would write here
+    unreachable: str | None = None
+
+    @property
+    def changes(self) -> int:
+        ops = len(self.provision.changes) if self.provision else 0
+        return ops + sum(p.action != "keep" for p in self.processes) + (self.engine_key is not None)
+
+    @property
+    def failures(self) -> list[str]:
+        """What `up` would stop at on this host, as it stands now."""
+        if self.provision is None:
+            return []
+        if self.provision.error is not None:
+            return [self.provision.error.message.splitlines()[0]]
+        return [p.error.message.splitlines()[0] for p in self.provision.previews if p.error and not p.after_changes]
+
+
+@dataclass
+class DryRunReport:
+    name: str
+    hosts: list[HostDryRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # deployment-wide: the preflight
+
+    @property
+    def ok(self) -> bool:
+        """False where `up` could not go through as things stand: a host unreachable, a check or step failing."""
+        return not self.failures and all(h.unreachable is None and not h.failures for h in self.hosts)
+
+    @property
+    def changes(self) -> int:
+        return sum(h.changes for h in self.hosts)
+
+
+def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
+    """What `up(topo, options)` would change, read from the hosts now; changes nothing (no lock, no state)."""
+    opts = options or UpOptions()
+    state = StateStore(topo.name).load() or DeploymentState(name=topo.name, topology=topo.name)
+    report = DryRunReport(topo.name)
+    if topo.slurm is not None:
+        from pdctl.errors import SlurmError
+        from pdctl.slurm.allocation import bound
+
+        try:
+            topo = bound(topo)
+        except SlurmError as exc:  # no running job, so no host to ask: `up` submits (or attaches) first
+            report.notes.append(f"slurm: {exc.message}: `up` would get a job first, then start every process")
+            report.hosts = [HostDryRun(n.name) for n in topo.nodes]
+            by_node = {h.node: h for h in report.hosts}
+            for spec in plan(topo):
+                by_node[spec.node].processes.append(ProcessChange(spec.name, "start"))
+            return report
+    specs = plan(topo)
+    with reachable(topo.nodes, opts.ssh) as (hosts, failed):
+        report.hosts = [HostDryRun(n.name) for n in topo.nodes]
+        by_node = {h.node: h for h in report.hosts}
+        for node, error in failed.items():
+            by_node[node].unreachable = error.message.splitlines()[0]
+        nodes = sorted({s.node for s in specs if s.node in hosts})
+        live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
+        known = [s for s in specs if s.node in hosts]
+        to_start = _processes(known, state, live, opts.restart, by_node)
+        if not to_start:
+            report.notes.append("provisioning: not needed, nothing would start")
+            return report
+        if failed:
+            report.notes.append("provisioning and preflight: not checked while a host is unreachable")
+            return report
+        try:
+            preflight(topo, [s for s in to_start if not live[s.node].get(s.name)], hosts, router_api_key(topo))
+        except LaunchError as exc:
+            report.failures.append(exc.message)
+        for node, key in _missing_keys(topo, hosts).items():
+            by_node[node].engine_key = key
+        if not opts.provision:
+            report.notes.append("provisioning: skipped (--skip-provision)")
+            return report
+        for host in preview(topo, specs, hosts, allow_reboot=opts.allow_reboot):
+            by_node[host.node].provision = host
+    return report
+
+
+def _processes(
+    specs: Sequence[ProcessSpec],
+    state: DeploymentState,
+    live: Mapping[str, dict[str, list[HostProcess]]],
+    restart: bool,
+    hosts: Mapping[str, HostDryRun],
+) -> list[ProcessSpec]:
+    """Record each process's fate on its host; returns what `up` would start (with --restart: all of them)."""
+    if restart:
+        for spec in specs:
+            running = bool(live[spec.node].get(spec.name))
+            change = ProcessChange(spec.name, "restart", "--restart") if running else ProcessChange(spec.name, "start")
+            hosts[spec.node].processes.append(change)
+        names = {s.name for s in specs}
+        for node, procs in live.items():
+            hosts[node].processes += [ProcessChange(n, "stop", "not in the topology") for n in procs if n not in names]
+        return list(specs)
+    decision = decide(specs, state, live)
+    for spec in specs:
+        if spec.name in decision.changed:
+            why = "its argv changed" if spec.name in state.processes else "not recorded in the state file"
+            change = ProcessChange(spec.name, "restart", f"{why}: `pdctl up --restart` restarts the deployment")
+        else:
+            change = ProcessChange(spec.name, "keep" if spec.name in decision.kept else "start")
+        hosts[spec.node].processes.append(change)
+    return decision.start
+
+
+def _missing_keys(topo: Topology, hosts: Mapping[str, Transport]) -> dict[str, str]:
+    """Nodes without the deployment's engine key file (only its presence is read, never the key)."""
+    nodes = sorted({inst.node for _, _, inst in topo.instances()} | {topo.router.node})
+    paths = {n: engine_key_path(topo, n) for n in nodes}
+    there = parallel(nodes, lambda n: hosts[n].run(f"test -s {expand_home(paths[n])}", timeout=30.0).ok)
+    return {n: paths[n] for n in nodes if not there[n]}
+
+
+def render_dry_run(report: DryRunReport, console: Console) -> None:
+    """The report for people: per host its changes, then what `up` would stop at."""
+    for host in report.hosts:
+        if host.unreachable is not None:
+            console.print(f"[red]unreachable[/] {escape(host.node)}: {escape(host.unreachable)}", highlight=False)
+            continue
+        n = host.changes
+        console.print(f"[bold]{escape(host.node)}[/]: " + (f"{n} change{'s' * (n != 1)}" if n else "no changes"),
+                      highlight=False)
+        if host.provision is not None:
+            if host.provision.error is not None:
+                console.print(f"  [red]facts unreadable[/]: {escape(host.provision.error.message)}", highlight=False)
+            for p in host.provision.previews:
+                console.print(f"  {p.name}: {escape(p.describe())}", highlight=False)
+        if host.engine_key is not None:
+            console.print(f"  engine key: would write {escape(host.engine_key)}", highlight=False)
+        for change in host.processes:
+            console.print(f"  {escape(change.describe())}", highlight=False)
+    for note in report.notes:
+        console.print(escape(note), highlight=False)
+    for failure in report.failures:
+        console.print(f"[red]up would stop here[/]: {escape(failure)}", highlight=False)
+    if any(h.provision is not None and h.provision.changes for h in report.hosts):
+        console.print(FIRST_CHANGE_NOTE, highlight=False)
+    total = report.changes
+    console.print(f"dry run: {total} change{'s' * (total != 1)}, nothing changed" if total
+                  else "dry run: no changes", highlight=False)
+

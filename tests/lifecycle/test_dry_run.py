@@ -1,0 +1,147 @@
+"""`pdctl up --dry-run` on this machine: every change `up` would make, per host, and nothing changed."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+import pdctl
+from pdctl.cli import app
+from pdctl.lifecycle import up
+from pdctl.remote.local import LocalTransport
+from pdctl.topology import load
+from tests.lifecycle.conftest import MakeTopo, topology_yaml
+
+pytestmark = pytest.mark.slow
+KEY = "PDCTL_DRY_RUN_KEY"
+SECRET = "dry-run-secret-8c1f"
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every path under `root` with a digest of its content (files) or its kind (directories, links)."""
+    def digest(p: Path) -> str:
+        if p.is_symlink():
+            return "link:" + str(p.readlink())
+        return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+
+    return {str(p.relative_to(root)): digest(p) for p in sorted(root.rglob("*"))}
+
+
+def test_dry_run_on_a_fresh_host_lists_every_change_and_makes_none(
+    tmp_path: Path, pdctl_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"dry-{uuid.uuid4().hex[:8]}"
+    venv, work = tmp_path / "venv", tmp_path / "work"
+    topo_file = tmp_path / f"{name}.yaml"
+    topo_file.write_text(topology_yaml(
+        name, work, python_venv=str(venv), router_extra=f", api_key_env: {KEY}",
+        extra_yaml=f"env: {{router: {{{KEY}: {SECRET}}}}}\n",
+    ))
+    before = _tree(tmp_path)
+
+    result = CliRunner().invoke(app, ["up", "-t", str(topo_file), "--dry-run"])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "local: 6 changes",
+        "  efa.installer: no change (efa.required is false)",
+        f"  python.venv: would create venv {venv}",
+        "  python.wheelhouse: no change (no python.wheelhouse: packages come from the index)",
+        "  python.packages: no change (no packages to install here)",
+        f"  pdctl.ship: would upload pdctl-{pdctl.__version__}-py3-none-any.whl",
+        "  vllm.compat: no change (no vLLM engine on this node)",
+        "  model.download: no change (no vLLM engine on this node)",
+        f"  engine key: would write {work}/{name}/engine.key",
+        "  decode-0: would start",
+        "  prefill-0: would start",
+        "  router: would start",
+        "provisioning shows each operation's first change; more steps may follow it",
+        "dry run: 6 changes, nothing changed",
+    ]
+    assert SECRET not in result.output
+    assert _tree(tmp_path) == before  # no venv, nothing under work_dir, no state file or lock in PDCTL_HOME
+    assert not venv.exists() and not work.exists() and not pdctl_home.exists()
+    assert LocalTransport().find_by_marker(name) == []
+
+
+def test_after_a_changed_setting_only_that_process_would_restart(
+    make_topo: MakeTopo, console: Console, tmp_path: Path
+) -> None:
+    topo = make_topo()
+    up(topo, console)
+    topo_file = str(tmp_path / f"{topo.name}.yaml")
+    assert load(Path(topo_file), ["router.handle_ttl=400"]).router.handle_ttl == 400
+    pids = sorted(p.pid for p in LocalTransport().find_by_marker(topo.name))
+
+    result = CliRunner().invoke(app, ["up", "-t", topo_file, "--dry-run", "--set", "router.handle_ttl=400"])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "local: 1 change",
+        "  decode-0: running, left as it is",
+        "  prefill-0: running, left as it is",
+        "  router: would restart (its argv changed: `pdctl up --restart` restarts the deployment)",
+        "provisioning: not needed, nothing would start",
+        "dry run: 1 change, nothing changed",
+    ]
+    assert sorted(p.pid for p in LocalTransport().find_by_marker(topo.name)) == pids
+
+    converged = CliRunner().invoke(app, ["up", "-t", topo_file, "--dry-run"])
+    assert converged.exit_code == 0, converged.output
+    assert converged.stdout.splitlines() == [
+        "local: no changes",
+        "  decode-0: running, left as it is",
+        "  prefill-0: running, left as it is",
+        "  router: running, left as it is",
+        "provisioning: not needed, nothing would start",
+        "dry run: no changes",
+    ]
+
+
+def test_dry_run_with_restart_restarts_everything_and_previews_provisioning(
+    make_topo: MakeTopo, console: Console, tmp_path: Path
+) -> None:
+    topo = make_topo()
+    up(topo, console)
+    result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run", "--restart"])
+    assert result.exit_code == 0, result.output
+    null = "python.venv is null"
+    assert result.stdout.splitlines() == [
+        "local: 3 changes",
+        "  efa.installer: no change (efa.required is false)",
+        f"  python.venv: no change ({null}: the CLI's own interpreter runs pdctl)",
+        "  python.wheelhouse: no change (no python.wheelhouse: packages come from the index)",
+        "  python.packages: no change (no packages to install here)",
+        f"  pdctl.ship: no change ({null}: nodes run the CLI's own pdctl)",
+        "  vllm.compat: no change (no vLLM engine on this node)",
+        "  model.download: no change (no vLLM engine on this node)",
+        "  decode-0: would restart (--restart)",
+        "  prefill-0: would restart (--restart)",
+        "  router: would restart (--restart)",
+        "dry run: 3 changes, nothing changed",
+    ]
+
+
+def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path) -> None:
+    topo = make_topo()
+    port = topo.router.port
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[-7:] == [
+        f"  engine key: would write {tmp_path}/work/{topo.name}/engine.key",
+        "  decode-0: would start",
+        "  prefill-0: would start",
+        "  router: would start",
+        "up would stop here: preflight failed:",
+        f"  local: port {port} needed by router is in use",
+        "dry run: 4 changes, nothing changed",
+    ]
