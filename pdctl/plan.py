@@ -12,11 +12,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from pdctl.markers import MARKER
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
 
 ProcessRole = Literal["prefill", "decode", "router"]
-MARKER = "PDCTL_DEPLOYMENT"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from pdctl.bench.collect import Samples, has_nixl, kv_from_log, nixl_delta, pars
 from pdctl.bench.legs import Endpoints
 from pdctl.bench.records import KvTransfer
 from pdctl.errors import LaunchError
-from pdctl.remote.base import Transport, expand_home
+from pdctl.remote.base import Transport
+from pdctl.remote.shell import expand_home
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 

@@ -30,7 +30,7 @@ def doctor_command(
     """
 
     def run() -> DoctorReport:
-        from pdctl.remote.hosts import reachable
+        from pdctl.lifecycle.connect import reachable
         from pdctl.slurm.allocation import bound
 
         topo = bound(load_topology(topology, overrides))

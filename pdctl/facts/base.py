@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import TypeAdapter
 
 from pdctl.errors import UsageError
-from pdctl.remote.base import CommandResult, Transport, expand_home
+from pdctl.remote.base import CommandResult, Transport
+from pdctl.remote.shell import expand_home
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ from pdctl.operations import model, python
 from pdctl.operations.base import Context
 from pdctl.plan import plan
 from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 Status = Literal["ok", "fail", "info"]
@@ -208,8 +209,6 @@ def doctor(
     topo: Topology, hosts: Mapping[str, Transport], layouts: Mapping[str, HostLayout] | None = None
 ) -> DoctorReport:
     """Read the facts of every host (in parallel) and judge them against the topology. Changes nothing."""
-    from concurrent.futures import ThreadPoolExecutor
-
     layouts = layouts_from_env() if layouts is None else layouts
     ctxs = [c for c in contexts(topo, layouts) if c.node.name in hosts]
 
@@ -219,8 +218,8 @@ def doctor(
         versions = {n: venv.version(n) for n in ("vllm", "nixl", "torch")} if ctx.vllm else {}
         return host_checks(ctx, values), {k: v for k, v in versions.items() if v}
 
-    with ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
-        results = list(pool.map(one, ctxs))
+    by_node = {c.node.name: c for c in ctxs}
+    results = list(parallel(by_node, lambda n: one(by_node[n]), max_workers=len(by_node)).values())
     reports = {r.node: r for r, _ in results}
     _same_versions(reports, ctxs, {r.node: v for r, v in results})
     return DoctorReport(list(reports.values()))

@@ -15,11 +15,13 @@ from pdctl.errors import ConnectError, LaunchError, StateError
 from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import gpu_memory, launch
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
-from pdctl.plan import MARKER, plan
+from pdctl.markers import MARKER
+from pdctl.plan import plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.fanout import parallel
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
 from pdctl.topology import Topology

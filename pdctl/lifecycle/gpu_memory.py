@@ -13,7 +13,7 @@ from pdctl.facts.base import gather, layout_for, layouts_from_env
 from pdctl.facts.gpu import GpuMemory, GpuMemoryUse
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 SLACK_MIB = 1024

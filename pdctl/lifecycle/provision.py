@@ -10,7 +10,6 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from pdctl.operations.base import Context, Facts, Noop, Operation
 from pdctl.operations.steps import StepRunner
 from pdctl.plan import plan
 from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 OPERATIONS: list[tuple[str, Callable[[Context], Operation]]] = [
@@ -171,8 +171,10 @@ def provision(
         for ctx in ctxs:
             ctx.wheel = wheel
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
-        with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
-            reports = list(pool.map(lambda c: provision_host(c, hosts[c.node.name], console, runner), ctxs))
+        by_node = {c.node.name: c for c in ctxs}
+        with StepRunner(console) as runner:
+            reports = list(parallel(by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner),
+                                    max_workers=len(by_node)).values())
     failed = [r for r in reports if r.error]
     if len(failed) == 1:
         raise failed[0].error  # type: ignore[misc]

@@ -15,10 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.errors import PdctlError
 from pdctl.lifecycle import launch
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.slurm_job import SlurmStatus, job_status
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.fanout import parallel
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions

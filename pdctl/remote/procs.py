@@ -11,12 +11,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pdctl.plan import MARKER
-from pdctl.remote.base import expand_home
+from pdctl.markers import MARKER, NODE_VAR, PROCESS_VAR
+from pdctl.remote.shell import expand_home
 from pdctl.secret import EnvValue, reveal, shown
 
-NODE_VAR = "PDCTL_NODE"
-PROCESS_VAR = "PDCTL_PROCESS"
 SYSTEMD_DIR = "/run/systemd/system"
 
 
@@ -59,7 +57,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
 
     Prints `pid <n>` or `unit <name> <main pid>`. `masked`: the script as shown to people, secrets as `***`.
     """
-    argv = " ".join(expand_home(a) for a in _with_secrets(job))
+    argv = " ".join(expand_home(a) for a in with_secrets(job))
     env = {k: shown(v) if masked else reveal(v) for k, v in job.env.items()}
     env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     return "\n".join(
@@ -80,7 +78,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
     )
 
 
-def _with_secrets(job: DetachedJob) -> tuple[str, ...]:
+def with_secrets(job: DetachedJob) -> tuple[str, ...]:
     """argv behind a tiny `sh` that exports each secret from its file and execs the process."""
     if not job.secret_env:
         return job.argv

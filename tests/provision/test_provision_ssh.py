@@ -23,9 +23,9 @@ import pdctl
 from pdctl.facts.base import HostLayout, gather
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import UpOptions, doctor, down, up
+from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.provision import HostReport, contexts, provision
 from pdctl.operations.ship import Wheel, build_wheel
-from pdctl.remote.hosts import connected
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
