@@ -155,3 +155,9 @@ def gather(transport: Transport, facts: Sequence[Fact[Any]], layout: HostLayout)
         else:
             values[fact.key()] = fact.process(lines)
     return values
+
+
+def read(transport: Transport, fact: Fact[T], layout: HostLayout) -> T:
+    """One fact on one host."""
+    value: T = gather(transport, [fact], layout)[fact.key()]
+    return value

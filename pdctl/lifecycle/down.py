@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import ConnectError, LaunchError, StateError
-from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.base import HostLayout, layout_for, layouts_from_env, read
+from pdctl.facts.gpu import GpuProcesses
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import gpu_memory, launch
 from pdctl.lifecycle.connect import reachable
@@ -27,7 +28,6 @@ from pdctl.state import StateStore
 from pdctl.topology import Topology
 
 PORT_GRACE_S = 5.0
-GPU_PIDS = "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null"
 
 
 @dataclass
@@ -105,14 +105,14 @@ def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
                     transport.find_by_marker(topo.name, node)]
         deadline = time.monotonic() + PORT_GRACE_S
         while True:
-            listening = gather(transport, [ListeningPorts()], layout_for(layouts, node))[ListeningPorts().key()]
+            listening = read(transport, ListeningPorts(), layout_for(layouts, node))
             busy = sorted(ports_by_node.get(node, set()) & set(listening))
             if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         problems += [f"{node}: port {p} still in use (by a process without the marker)" for p in busy]
         if topo.engine == "vllm":
-            problems += _gpu_holders(transport, topo.name, node)
+            problems += _gpu_holders(transport, topo.name, node, layout_for(layouts, node))
         return problems
 
     problems = [p for found in parallel(sorted(ports_by_node), check).values() for p in found]
@@ -123,8 +123,8 @@ def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
         )
 
 
-def _gpu_holders(transport: Transport, deployment: str, node: str) -> list[str]:
-    pids = [p.strip() for p in transport.run(GPU_PIDS).stdout.split() if p.strip().isdigit()]
+def _gpu_holders(transport: Transport, deployment: str, node: str, layout: HostLayout) -> list[str]:
+    pids = [p.pid for p in read(transport, GpuProcesses(), layout)]
     if not pids:
         return []
     marker = shlex.quote(f"{MARKER}={deployment}")
