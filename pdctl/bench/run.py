@@ -105,7 +105,7 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
     workload = opts.workload
     try:
         for spec, topo in zip(legs, topos, strict=True):
-            ep = endpoints(topo)
+            ep = base_ep if topo is base else endpoints(topo)
             try:
                 _deploy(spec, topo, ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:

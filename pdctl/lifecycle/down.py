@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -20,7 +20,7 @@ from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
 from pdctl.markers import MARKER
-from pdctl.plan import plan
+from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
 from pdctl.remote.sshconnect import SshOptions
@@ -72,7 +72,7 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
     with reachable(topo.nodes, ssh) as (hosts, unreachable):
         mine = [s for s in specs if s.node in hosts]
         report.stopped = stop_all(topo, mine, hosts, state, console, timeout=timeout, stragglers=True)
-        _verify(topo, hosts)
+        _verify(topo, mine, hosts)
         if state is not None and state.gpu_memory_before and topo.engine == "vllm":
             gpu_memory.check_back(topo, hosts, state.gpu_memory_before, console)
     if job is not None and not unreachable:
@@ -92,8 +92,7 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
     return report
 
 
-def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
-    specs = [s for s in plan(topo) if s.node in hosts]
+def _verify(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
     layouts = layouts_from_env()
     ports_by_node: dict[str, set[int]] = {}
     for spec in specs:

@@ -114,13 +114,6 @@ def parse_started(stdout: str) -> Started:
     raise ValueError(f"unexpected output from the start script: {stdout.strip()!r}")
 
 
-# One line per process: "<pid> <state> <pgid>"; /proc/<pid>/stat's comm may hold spaces, so cut after ") ".
-PS_SCRIPT = r"""for f in /proc/[0-9]*/stat; do
-  read -r line < "$f" 2>/dev/null || continue
-  rest=${line##*") "}; set -- $rest; p=${f#/proc/}; echo "${p%/stat} $1 $3"
-done"""
-
-
 def marker_script(deployment: str) -> str:
     """Lines `<pid> <state> <pgid> PDCTL_NODE=.. PDCTL_PROCESS=..` for every process carrying the marker."""
     pattern = shlex.quote(f"{MARKER}={deployment}")
@@ -128,7 +121,7 @@ def marker_script(deployment: str) -> str:
         [
             f"for f in $(grep -lzx {pattern} /proc/[0-9]*/environ 2>/dev/null); do",
             '  d=${f%/environ}; read -r line < "$d/stat" 2>/dev/null || continue',
-            '  rest=${line##*") "}; set -- $rest',
+            '  rest=${line##*") "}; set -- $rest',  # stat's comm may hold spaces: cut after its ") "
             f"  tags=$(tr '\\0' '\\n' < \"$f\" 2>/dev/null | grep -E '^({NODE_VAR}|{PROCESS_VAR})=' | tr '\\n' ' ')",
             '  echo "${d#/proc/} $1 $3 $tags"',
             "done",
