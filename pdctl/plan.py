@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pdctl.defaults import LOCAL_BUSY_STREAMS, LOCAL_POLICY, LOCAL_PREFILL_TOKENS, VERIFY_PREFIX
+from pdctl.markers import MARKER
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
 
 ProcessRole = Literal["prefill", "decode", "router"]
-MARKER = "PDCTL_DEPLOYMENT"
 
 
 @dataclass(frozen=True)

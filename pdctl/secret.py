@@ -72,3 +72,8 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     for value in sorted({s for s in secrets if s}, key=len, reverse=True):
         text = text.replace(value, MASK)
     return text
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The `Authorization: Bearer` header that carries an API key (the router's, or the engines'); none without one."""
+    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -74,3 +74,10 @@ def test_plan_text_and_json_mask_secrets(tmp_path: Path) -> None:
     assert specs["decode-0"]["env"]["MY_THING"] == MASK
     assert specs["router"]["env"]["ROUTER_AUTH"] == MASK
     assert specs["prefill-0"]["env"]["NCCL_DEBUG"] == "INFO"
+
+
+def test_the_api_key_header_is_built_in_one_place() -> None:
+    from pdctl.secret import bearer
+
+    assert bearer("k-123") == {"Authorization": "Bearer k-123"}
+    assert bearer(None) == {} and bearer("") == {}

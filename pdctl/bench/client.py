@@ -20,6 +20,7 @@ import httpx
 from pdctl.bench.collect import parse_ms, parse_reuse
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.workload import Api, Conversation
+from pdctl.secret import bearer
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
          "messages": "/v1/messages"}
@@ -89,9 +90,7 @@ async def send(
     client: httpx.AsyncClient, conv: Conversation, opts: ClientOptions, leg: str, client_id: int = 0
 ) -> tuple[RequestRecord, _Reply]:
     body = conv.body(opts.model, opts.output_tokens)
-    headers = {"X-Session-ID": conv.conversation_id}
-    if opts.api_key:
-        headers["Authorization"] = f"Bearer {opts.api_key}"
+    headers = {"X-Session-ID": conv.conversation_id, **bearer(opts.api_key)}
     rec = RequestRecord(
         leg=leg,
         length=conv.plan.length,

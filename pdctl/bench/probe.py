@@ -13,7 +13,9 @@ from pdctl.bench.collect import Samples, has_nixl, kv_from_log, nixl_delta, pars
 from pdctl.bench.legs import Endpoints
 from pdctl.bench.records import KvTransfer
 from pdctl.errors import LaunchError
-from pdctl.remote.base import Transport, expand_home
+from pdctl.lifecycle.launch import health
+from pdctl.remote.base import Transport
+from pdctl.remote.shell import expand_home
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -23,27 +25,17 @@ def wait_healthy(targets: list[tuple[Transport, str]], timeout_s: float = 300.0)
     did not."""
     deadline = time.monotonic() + timeout_s
     for transport, url in targets:
-        with httpx.Client(timeout=5.0, transport=transport.http()) as client:
-            while True:
-                try:
-                    if client.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise LaunchError(
-                        f"{url}/health on {transport.name} did not answer 200 within {timeout_s:.0f} s",
-                        hint="check `pdctl status`, or deploy with `pdctl up` and rerun the bench",
-                    )
-                time.sleep(0.25)
+        while health(transport, f"{url}/health", timeout=5.0) != "ok":
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{url}/health on {transport.name} did not answer 200 within {timeout_s:.0f} s",
+                    hint="check `pdctl status`, or deploy with `pdctl up` and rerun the bench",
+                )
+            time.sleep(0.25)
 
 
 def healthy(transport: Transport, url: str) -> bool:
-    try:
-        with httpx.Client(timeout=3.0, transport=transport.http()) as client:
-            return client.get(f"{url}/health").status_code == 200
-    except httpx.HTTPError:
-        return False
+    return health(transport, f"{url}/health", timeout=3.0) == "ok"
 
 
 def router_stats(transport: Transport, url: str) -> dict[str, object] | None:

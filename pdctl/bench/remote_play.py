@@ -20,7 +20,8 @@ from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.workload import Conversation, ConversationPlan
 from pdctl.errors import RemoteCommandError
-from pdctl.remote.base import Transport, expand_home
+from pdctl.remote.base import Transport
+from pdctl.remote.shell import expand_home
 
 PLAY_TIMEOUT_S = 6 * 3600.0
 

@@ -23,9 +23,9 @@ from pdctl.bench.records import BenchResult, LegResult, RequestRecord
 from pdctl.bench.remote_play import play_on_node
 from pdctl.bench.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import PdctlError, UsageError
+from pdctl.lifecycle.connect import connected
 from pdctl.plan import python_for, run_dir
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import connected
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
@@ -105,7 +105,7 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
     workload = opts.workload
     try:
         for spec, topo in zip(legs, topos, strict=True):
-            ep = endpoints(topo)
+            ep = base_ep if topo is base else endpoints(topo)
             try:
                 _deploy(spec, topo, ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:

@@ -31,8 +31,8 @@ def doctor_command(
     """
 
     def run() -> DoctorReport:
+        from pdctl.lifecycle.connect import reachable
         from pdctl.plan import plan
-        from pdctl.remote.hosts import reachable
         from pdctl.slurm.allocation import bound
 
         topo = bound(load_topology(topology, overrides))

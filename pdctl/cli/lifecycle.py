@@ -11,7 +11,7 @@ import typer
 
 from pdctl.cli.support import TOPOLOGY_HELP, call, err, load_topology, out
 from pdctl.errors import UsageError
-from pdctl.remote.base import expand_home
+from pdctl.remote.shell import expand_home
 from pdctl.remote.sshconnect import SshOptions
 
 TopologyOpt = Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)]
@@ -141,8 +141,8 @@ def logs(
     known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Print the log of one process (default: every process, the last lines of each)."""
+    from pdctl.lifecycle.connect import connected
     from pdctl.plan import plan
-    from pdctl.remote.hosts import connected
     from pdctl.slurm.allocation import bound
 
     def run() -> None:

@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import TypeAdapter
 
 from pdctl.errors import UsageError
-from pdctl.remote.base import CommandResult, Transport, expand_home
+from pdctl.remote.base import CommandResult, Transport
+from pdctl.remote.shell import expand_home
 
 T = TypeVar("T")
 
@@ -154,3 +155,9 @@ def gather(transport: Transport, facts: Sequence[Fact[Any]], layout: HostLayout)
         else:
             values[fact.key()] = fact.process(lines)
     return values
+
+
+def read(transport: Transport, fact: Fact[T], layout: HostLayout) -> T:
+    """One fact on one host."""
+    value: T = gather(transport, [fact], layout)[fact.key()]
+    return value

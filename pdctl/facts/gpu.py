@@ -1,4 +1,4 @@
-"""Facts about the NVIDIA GPUs and driver, read with `nvidia-smi --query-gpu`."""
+"""Facts about the NVIDIA GPUs, the driver and the processes on them: the only place pdctl runs `nvidia-smi`."""
 
 from __future__ import annotations
 
@@ -82,4 +82,33 @@ class GpuMemory(Fact[list[GpuMemoryUse]]):
         return found
 
     def default(self) -> list[GpuMemoryUse]:
+        return []
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_mib: int | None
+    """None where the driver does not say (`[N/A]`: MIG instances, some containers)."""
+
+
+class GpuProcesses(Fact[list[GpuProcess]]):
+    """Every process holding GPU memory right now: what `status` sums per process and `down` proves gone."""
+
+    name = "gpu.GpuProcesses"
+    result = list[GpuProcess]
+    requires_command = "nvidia-smi"
+
+    def command(self, layout: HostLayout) -> str:
+        return "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+
+    def process(self, lines: list[str]) -> list[GpuProcess]:
+        found: list[GpuProcess] = []
+        for line in lines:
+            cols = [c.strip() for c in line.split(",")]
+            if len(cols) == 2 and cols[0].isdigit():
+                found.append(GpuProcess(int(cols[0]), int(cols[1]) if cols[1].isdigit() else None))
+        return found
+
+    def default(self) -> list[GpuProcess]:
         return []

@@ -59,10 +59,6 @@ class Privilege:
     root: bool
     sudo: bool
 
-    @property
-    def can_admin(self) -> bool:
-        return self.root or self.sudo
-
 
 class Sudo(Fact[Privilege]):
     """Whether commands run as root, or can become root without a password (`sudo -n`)."""

@@ -29,7 +29,7 @@ from pdctl.operations.base import Context
 from pdctl.operations.dry import Preview
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 Status = Literal["ok", "fail", "info"]
@@ -239,7 +239,7 @@ def doctor(
         wanted = {f.key(): f for f in [*facts_for(ctx), *provision.facts_for(ctx)]}
         return gather(hosts[ctx.node.name], list(wanted.values()), ctx.layout)
 
-    values = parallel(ctxs, lambda n: read(ctxs[n]))
+    values = parallel(ctxs, lambda n: read(ctxs[n]), max_workers=len(ctxs))
     previews = {p.node: p for p in provision.preview(topo, specs, hosts, layouts=layouts, known=values)}
     reports: dict[str, HostChecks] = {}
     versions: dict[str, dict[str, str]] = {}

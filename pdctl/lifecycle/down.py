@@ -6,26 +6,28 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console
 
 from pdctl.errors import ConnectError, LaunchError, StateError
-from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.base import HostLayout, layout_for, layouts_from_env, read
+from pdctl.facts.gpu import GpuProcesses
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import gpu_memory, launch
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.stop import stop_all
-from pdctl.plan import MARKER, plan
+from pdctl.markers import MARKER
+from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.fanout import parallel
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore
 from pdctl.topology import Topology
 
 PORT_GRACE_S = 5.0
-GPU_PIDS = "nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null"
 
 
 @dataclass
@@ -70,7 +72,7 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
     with reachable(topo.nodes, ssh) as (hosts, unreachable):
         mine = [s for s in specs if s.node in hosts]
         report.stopped = stop_all(topo, mine, hosts, state, console, timeout=timeout, stragglers=True)
-        _verify(topo, hosts)
+        _verify(topo, mine, hosts)
         if state is not None and state.gpu_memory_before and topo.engine == "vllm":
             gpu_memory.check_back(topo, hosts, state.gpu_memory_before, console)
     if job is not None and not unreachable:
@@ -90,8 +92,7 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
     return report
 
 
-def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
-    specs = [s for s in plan(topo) if s.node in hosts]
+def _verify(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
     layouts = layouts_from_env()
     ports_by_node: dict[str, set[int]] = {}
     for spec in specs:
@@ -103,14 +104,14 @@ def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
                     transport.find_by_marker(topo.name, node)]
         deadline = time.monotonic() + PORT_GRACE_S
         while True:
-            listening = gather(transport, [ListeningPorts()], layout_for(layouts, node))[ListeningPorts().key()]
+            listening = read(transport, ListeningPorts(), layout_for(layouts, node))
             busy = sorted(ports_by_node.get(node, set()) & set(listening))
             if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         problems += [f"{node}: port {p} still in use (by a process without the marker)" for p in busy]
         if topo.engine == "vllm":
-            problems += _gpu_holders(transport, topo.name, node)
+            problems += _gpu_holders(transport, topo.name, node, layout_for(layouts, node))
         return problems
 
     problems = [p for found in parallel(sorted(ports_by_node), check).values() for p in found]
@@ -121,8 +122,8 @@ def _verify(topo: Topology, hosts: Mapping[str, Transport]) -> None:
         )
 
 
-def _gpu_holders(transport: Transport, deployment: str, node: str) -> list[str]:
-    pids = [p.strip() for p in transport.run(GPU_PIDS).stdout.split() if p.strip().isdigit()]
+def _gpu_holders(transport: Transport, deployment: str, node: str, layout: HostLayout) -> list[str]:
+    pids = [p.pid for p in read(transport, GpuProcesses(), layout)]
     if not pids:
         return []
     marker = shlex.quote(f"{MARKER}={deployment}")

@@ -17,14 +17,16 @@ from rich.markup import escape
 
 from pdctl.errors import LaunchError
 from pdctl.lifecycle import launch
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.provision import HostPreview, preview
 from pdctl.lifecycle.smoke import router_api_key
 from pdctl.lifecycle.up import UpOptions, decide
 from pdctl.plan import ProcessSpec, engine_key_path, plan
-from pdctl.remote.base import Transport, expand_home
-from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
 from pdctl.remote.procs import HostProcess
+from pdctl.remote.shell import expand_home
 from pdctl.state import DeploymentState, StateStore
 from pdctl.topology import Topology
 

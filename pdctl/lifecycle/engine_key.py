@@ -11,8 +11,9 @@ from collections.abc import Mapping
 
 from pdctl.errors import LaunchError
 from pdctl.plan import engine_key_path
-from pdctl.remote.base import Transport, expand_home
-from pdctl.remote.hosts import parallel
+from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
+from pdctl.remote.shell import expand_home
 from pdctl.topology import Topology
 
 

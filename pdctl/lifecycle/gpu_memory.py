@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from rich.console import Console
 
 from pdctl.errors import LaunchError
-from pdctl.facts.base import gather, layout_for, layouts_from_env
+from pdctl.facts.base import layout_for, layouts_from_env, read
 from pdctl.facts.gpu import GpuMemory, GpuMemoryUse
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 SLACK_MIB = 1024
@@ -23,9 +23,7 @@ WAIT_S = 30.0
 
 
 def _read(transport: Transport, node: str) -> list[GpuMemoryUse]:
-    fact = GpuMemory()
-    value: list[GpuMemoryUse] = gather(transport, [fact], layout_for(layouts_from_env(), node))[fact.key()]
-    return value
+    return read(transport, GpuMemory(), layout_for(layouts_from_env(), node))
 
 
 def used(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> dict[str, dict[str, int]]:

@@ -12,9 +12,10 @@ from collections.abc import Collection
 
 import httpx
 
+from pdctl.markers import NODE_VAR, PROCESS_VAR
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.procs import NODE_VAR, PROCESS_VAR, DetachedJob, HostProcess, systemd_stop_script, unit_name
+from pdctl.remote.procs import DetachedJob, HostProcess, systemd_stop_script, unit_name
 from pdctl.state import ProcessRecord, argv_hash
 
 STOP_TIMEOUT_S = 20.0

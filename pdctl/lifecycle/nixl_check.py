@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 
 from pdctl.errors import LaunchError
 from pdctl.plan import ProcessSpec
-from pdctl.remote.base import Transport, expand_home
-from pdctl.remote.hosts import parallel
+from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
+from pdctl.remote.shell import expand_home
 from pdctl.topology import Topology
 
 START_MARK = "=== pdctl: starting at"  # written by the launcher before every start (pdctl.remote.procs)

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdctl.errors import LaunchError
+from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.launch import health
 from pdctl.plan import plan
 from pdctl.remote import forward
-from pdctl.remote.hosts import connected
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 

@@ -11,7 +11,7 @@ from pdctl.facts.gpu import Gpus, NvidiaSmi
 from pdctl.facts.host import ListeningPorts
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 

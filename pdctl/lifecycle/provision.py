@@ -12,7 +12,6 @@ import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from pdctl.operations.dry import Preview, dry_run
 from pdctl.operations.steps import StepRunner
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
 from pdctl.topology import Topology
 
 OPERATIONS: list[tuple[str, Callable[[Context], Operation]]] = [
@@ -201,8 +201,10 @@ def provision(
     ctxs = [c for c in contexts(topo, specs, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
     with _shipping(ctxs, wheel):
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
-        with StepRunner(console) as runner, ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
-            reports = list(pool.map(lambda c: provision_host(c, hosts[c.node.name], console, runner), ctxs))
+        by_node = {c.node.name: c for c in ctxs}
+        with StepRunner(console) as runner:
+            reports = list(parallel(by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner),
+                                    max_workers=len(by_node)).values())
     failed = [r for r in reports if r.error]
     if len(failed) == 1:
         raise failed[0].error  # type: ignore[misc]
@@ -245,7 +247,7 @@ def preview(
     """
     layouts = layouts_from_env() if layouts is None else layouts
     ctxs = [c for c in contexts(topo, specs, layouts, allow_reboot=allow_reboot) if c.node.name in hosts]
-    with _shipping(ctxs, wheel), ThreadPoolExecutor(max_workers=max(1, len(ctxs))) as pool:
-        return list(pool.map(
-            lambda c: preview_host(c, hosts[c.node.name], (known or {}).get(c.node.name)), ctxs
-        ))
+    by_node = {c.node.name: c for c in ctxs}
+    with _shipping(ctxs, wheel):
+        return list(parallel(by_node, lambda n: preview_host(by_node[n], hosts[n], (known or {}).get(n)),
+                             max_workers=len(by_node)).values())

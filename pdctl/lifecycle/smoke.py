@@ -15,6 +15,7 @@ import httpx
 
 from pdctl.errors import SmokeTestError
 from pdctl.remote.base import Transport
+from pdctl.secret import bearer
 from pdctl.topology import Topology
 
 HEADER = "x-pd-kv-reuse"
@@ -60,7 +61,7 @@ def smoke_test(topo: Topology, router_url: str, transport: Transport, timeout: f
     """Run the two turns through `transport` (the router's host); raise SmokeTestError when turn 2 is not a hit
     and bidirectional transfer is on."""
     cid = f"pdctl-smoke-{uuid.uuid4().hex[:12]}"
-    headers = _auth_headers(topo)
+    headers = bearer(router_api_key(topo))
     messages: list[dict[str, str]] = [{"role": "user", "content": FIRST}]
     with httpx.Client(base_url=router_url, timeout=timeout, headers=headers, transport=transport.http()) as client:
         reply, turn1 = _turn(client, topo, cid, messages, 1)
@@ -195,8 +196,3 @@ def router_api_key(topo: Topology) -> str | None:
     if topo.node(topo.router.node).transport == "local":
         return os.environ.get(name) or None
     return None
-
-
-def _auth_headers(topo: Topology) -> dict[str, str]:
-    key = router_api_key(topo)
-    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -14,19 +14,20 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdctl.errors import PdctlError
+from pdctl.facts.base import layout_for, layouts_from_env, read
+from pdctl.facts.gpu import GpuProcesses
 from pdctl.lifecycle import launch
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.slurm_job import SlurmStatus, job_status
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel, reachable
+from pdctl.remote.fanout import parallel
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology
-
-GPU_APPS = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null"
 
 # Prometheus sample name (counters without their _total suffix added by the parser) -> EngineMetrics field
 _SAMPLES = {
@@ -132,7 +133,7 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         nodes = sorted({s.node for s in specs if s.node in hosts})
         live = parallel(nodes, lambda n: _running(hosts[n], topo.name, n, report.unreachable))
         up = [n for n in nodes if n not in report.unreachable]
-        gpu = parallel(up, lambda n: _gpu_memory(hosts[n], live[n])) if topo.engine == "vllm" else {}
+        gpu = parallel(up, lambda n: _gpu_memory(hosts[n], n, live[n])) if topo.engine == "vllm" else {}
         by_name = {s.name: s for s in specs}
         rows = parallel(list(by_name), lambda n: _process(by_name[n], hosts, live, records, gpu, report.unreachable))
         report.processes = [rows[s.name] for s in specs]
@@ -242,13 +243,12 @@ def router_stats(transport: Transport, url: str) -> RouterStatus:
     )
 
 
-def _gpu_memory(transport: Transport, live: Mapping[str, list[HostProcess]]) -> dict[str, int]:
+def _gpu_memory(transport: Transport, node: str, live: Mapping[str, list[HostProcess]]) -> dict[str, int]:
     """MiB of GPU memory per process name, summing its children (vLLM's engine cores hold the memory)."""
     owner = {p.pid: name for name, procs in live.items() for p in procs}
     used: dict[str, int] = {}
-    for line in transport.run(GPU_APPS).stdout.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) == 2 and cols[0].isdigit() and cols[1].isdigit() and int(cols[0]) in owner:
-            name = owner[int(cols[0])]
-            used[name] = used.get(name, 0) + int(cols[1])
+    for proc in read(transport, GpuProcesses(), layout_for(layouts_from_env(), node)):
+        if proc.pid in owner and proc.used_mib is not None:
+            name = owner[proc.pid]
+            used[name] = used.get(name, 0) + proc.used_mib
     return used

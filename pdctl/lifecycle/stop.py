@@ -9,7 +9,7 @@ from rich.console import Console
 from pdctl.lifecycle import launch
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.state import DeploymentState
 from pdctl.topology import Topology
 

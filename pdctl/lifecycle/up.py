@@ -11,6 +11,7 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
 from pdctl.lifecycle import gpu_memory, launch, nixl_check
+from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.lock import deployment_lock
 from pdctl.lifecycle.preflight import preflight
@@ -19,7 +20,7 @@ from pdctl.lifecycle.stop import stop_all
 from pdctl.lifecycle.wait import HealthCheck, default_check, wait_healthy
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import connected, parallel
+from pdctl.remote.fanout import parallel
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import DeploymentState, ProcessRecord, StateStore, argv_hash

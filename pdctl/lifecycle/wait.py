@@ -18,7 +18,7 @@ from pdctl.errors import LaunchError
 from pdctl.lifecycle.launch import health, running
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
-from pdctl.remote.hosts import parallel
+from pdctl.remote.fanout import parallel
 from pdctl.secret import scrub, secret_values
 
 POLL_S = 0.5

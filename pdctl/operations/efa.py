@@ -12,7 +12,8 @@ from pdctl.errors import PdctlError
 from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
 from pdctl.facts.host import BootId
 from pdctl.operations.base import Context, Noop, Operation, Put, Reboot, Run, Step
-from pdctl.remote.base import CommandResult, expand_home
+from pdctl.remote.base import CommandResult
+from pdctl.remote.shell import expand_home
 
 URL = "https://efa-installer.amazonaws.com/aws-efa-installer-{version}.tar.gz"
 INSTALL = "./efa_installer.sh -y --mpi=openmpi5"

@@ -1,8 +1,8 @@
 """The one interface every host is reached through: run a command, move a file, read a file.
 
-`local.LocalTransport` and `ssh.SshTransport` implement it; everything that touches a host (facts, operations,
-launch) takes a `Transport` and never knows which one it has. Commands are data: an argv list is quoted with
-`shlex` before it reaches a shell; a `str` is a shell script run by `sh -c` (bash where the script needs it).
+`local.LocalTransport`, `ssh.SshTransport` and `pdctl.slurm.transport.SlurmTransport` implement it; everything that
+touches a host (facts, operations, launch) takes a `Transport` and never knows which one it has. Commands are data
+(`shell.Command`): an argv list is quoted before it reaches a shell; a `str` is a shell script run by `sh -c`.
 """
 
 from __future__ import annotations
@@ -13,19 +13,26 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import httpx
 
 from pdctl.errors import RemoteCommandError
-
-if TYPE_CHECKING:
-    from pdctl.remote.procs import DetachedJob, HostProcess, Started
+from pdctl.remote.procs import (
+    DetachedJob,
+    HostProcess,
+    Started,
+    kill_script,
+    marker_script,
+    parse_ps,
+    parse_started,
+    start_script,
+)
+from pdctl.remote.shell import Command, expand_home
+from pdctl.secret import scrub, secret_values
 
 Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes total) while a file moves."""
-
-Command = str | Sequence[str]
 
 
 class Stream(Protocol):
@@ -54,26 +61,6 @@ class CommandResult:
     @property
     def lines(self) -> list[str]:
         return self.stdout.splitlines()
-
-
-def render(command: Command, env: Mapping[str, str] | None = None, sudo: bool = False) -> str:
-    """One shell line for `command`; a leading `~/` in argv items becomes `"$HOME"/`."""
-    script = command if isinstance(command, str) else " ".join(expand_home(a) for a in command)
-    if env:
-        exports = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        script = f"export {exports}; {script}"
-    if sudo:
-        script = f"sudo -n sh -c {shlex.quote(script)}"
-    return script
-
-
-def expand_home(arg: str) -> str:
-    """Quote one argument for a POSIX shell, letting a leading `~/` expand to the remote user's home."""
-    if arg == "~":
-        return '"$HOME"'
-    if arg.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(arg[2:])
-    return shlex.quote(arg)
 
 
 class Transport(ABC):
@@ -141,9 +128,6 @@ class Transport(ABC):
 
     def start_detached(self, job: DetachedJob) -> Started:
         """Start a long-running process that outlives this connection (systemd unit, else setsid)."""
-        from pdctl.remote.procs import parse_started, start_script
-        from pdctl.secret import scrub, secret_values
-
         secrets = secret_values(job.env)
         try:
             res = self.check(start_script(job), timeout=60.0)
@@ -156,15 +140,11 @@ class Transport(ABC):
 
     def find_by_marker(self, deployment: str, node: str | None = None) -> list[HostProcess]:
         """Live processes whose environment says `PDCTL_DEPLOYMENT=<deployment>` (and `PDCTL_NODE=<node>`)."""
-        from pdctl.remote.procs import marker_script, parse_ps
-
         procs = parse_ps(self.check(marker_script(deployment), timeout=60.0).stdout)
         return [p for p in procs if node is None or p.node == node]
 
     def signal(self, pids: Sequence[int], pgids: Sequence[int], signal: str = "TERM") -> None:
         """Send `signal` to processes and whole process groups; gone ones are ignored."""
-        from pdctl.remote.procs import kill_script
-
         self.run(kill_script(list(pids), list(pgids), signal), timeout=30.0)
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pdctl.errors import RemoteCommandError
-from pdctl.remote.base import Command, CommandResult, Progress, Transport, render
+from pdctl.remote.base import CommandResult, Progress, Transport
+from pdctl.remote.shell import Command, render
 
 CHUNK = 1 << 20
 

@@ -11,12 +11,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pdctl.plan import MARKER
-from pdctl.remote.base import expand_home
+from pdctl.markers import MARKER, NODE_VAR, PROCESS_VAR
+from pdctl.remote.shell import expand_home
 from pdctl.secret import EnvValue, reveal, shown
 
-NODE_VAR = "PDCTL_NODE"
-PROCESS_VAR = "PDCTL_PROCESS"
 SYSTEMD_DIR = "/run/systemd/system"
 
 
@@ -59,7 +57,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
 
     Prints `pid <n>` or `unit <name> <main pid>`. `masked`: the script as shown to people, secrets as `***`.
     """
-    argv = " ".join(expand_home(a) for a in _with_secrets(job))
+    argv = " ".join(expand_home(a) for a in with_secrets(job))
     env = {k: shown(v) if masked else reveal(v) for k, v in job.env.items()}
     env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     return "\n".join(
@@ -80,7 +78,7 @@ def start_script(job: DetachedJob, *, masked: bool = False) -> str:
     )
 
 
-def _with_secrets(job: DetachedJob) -> tuple[str, ...]:
+def with_secrets(job: DetachedJob) -> tuple[str, ...]:
     """argv behind a tiny `sh` that exports each secret from its file and execs the process."""
     if not job.secret_env:
         return job.argv
@@ -116,13 +114,6 @@ def parse_started(stdout: str) -> Started:
     raise ValueError(f"unexpected output from the start script: {stdout.strip()!r}")
 
 
-# One line per process: "<pid> <state> <pgid>"; /proc/<pid>/stat's comm may hold spaces, so cut after ") ".
-PS_SCRIPT = r"""for f in /proc/[0-9]*/stat; do
-  read -r line < "$f" 2>/dev/null || continue
-  rest=${line##*") "}; set -- $rest; p=${f#/proc/}; echo "${p%/stat} $1 $3"
-done"""
-
-
 def marker_script(deployment: str) -> str:
     """Lines `<pid> <state> <pgid> PDCTL_NODE=.. PDCTL_PROCESS=..` for every process carrying the marker."""
     pattern = shlex.quote(f"{MARKER}={deployment}")
@@ -130,7 +121,7 @@ def marker_script(deployment: str) -> str:
         [
             f"for f in $(grep -lzx {pattern} /proc/[0-9]*/environ 2>/dev/null); do",
             '  d=${f%/environ}; read -r line < "$d/stat" 2>/dev/null || continue',
-            '  rest=${line##*") "}; set -- $rest',
+            '  rest=${line##*") "}; set -- $rest',  # stat's comm may hold spaces: cut after its ") "
             f"  tags=$(tr '\\0' '\\n' < \"$f\" 2>/dev/null | grep -E '^({NODE_VAR}|{PROCESS_VAR})=' | tr '\\n' ' ')",
             '  echo "${d#/proc/} $1 $3 $tags"',
             "done",

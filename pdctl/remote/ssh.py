@@ -6,15 +6,16 @@ import shlex
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import paramiko
 
 from pdctl.errors import ConnectError, RemoteCommandError
-from pdctl.remote.base import Command, CommandResult, Progress, Stream, Transport, render
+from pdctl.remote.base import CommandResult, Progress, Stream, Transport
+from pdctl.remote.shell import Command, render
 from pdctl.remote.sshconnect import SshOptions, Target, load_config, mapped_errors, open_client, resolve
 from pdctl.remote.sshhttp import AsyncSshHttpTransport, SshHttpTransport
-from pdctl.topology import Node
 
 READ = 1 << 15
 EOF_GRACE_S = 1.0
@@ -149,7 +150,26 @@ class SshTransport(Transport):
             client.close()
 
 
-def connect_ssh(node: Node, options: SshOptions) -> SshTransport:
+class SshHost(Protocol):
+    """Where an SSH host is: what `connect_ssh` reads of a topology node."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def user(self) -> str | None: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def ssh_alias(self) -> str | None: ...
+
+
+def connect_ssh(node: SshHost, options: SshOptions) -> SshTransport:
     """Open the one connection to `node` (alias from ~/.ssh/config or its address)."""
     config = load_config(options)
     port = node.port if node.port != 22 else None

@@ -8,7 +8,9 @@ from __future__ import annotations
 import ipaddress
 
 from pdctl.errors import Problem, SlurmError, TopologyError
-from pdctl.slurm.jobs import JobInfo, job, slurm
+from pdctl.remote.fanout import parallel
+from pdctl.slurm.jobs import JobInfo, by_name, job, slurm
+from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Node, Topology
 
@@ -25,9 +27,6 @@ class SlurmNode(Node):
 
 def bind(topo: Topology, info: JobInfo) -> Topology:
     """`topo` with every node on a host of `info` (explicit `slurm_node`s, the rest in order) and its address."""
-    from pdctl.remote.hosts import parallel
-    from pdctl.slurm.transport import SlurmTransport
-
     hosts = info.nodes
     named = [n.slurm_node for n in topo.nodes if n.slurm_node is not None]
     for node in topo.nodes:
@@ -95,8 +94,6 @@ def recorded_job(topo: Topology, store: StateStore | None) -> tuple[int | None, 
     rec = state.slurm if state else None
     if rec and isinstance(rec.get("jobid"), int):
         return int(rec["jobid"]), bool(rec.get("submitted"))
-    from pdctl.slurm.jobs import by_name
-
     # no record (a lost or moved state file): the holder job pdctl names after the deployment
     return by_name(topo.slurm.job_name_for(topo.name)), True
 

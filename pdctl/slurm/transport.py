@@ -16,15 +16,16 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from pdctl.errors import ConnectError, RemoteCommandError
-from pdctl.remote.base import Command, CommandResult, Progress, Transport, expand_home, render
+from pdctl.markers import NODE_VAR, PROCESS_VAR
+from pdctl.remote.base import CommandResult, Progress, Transport
+from pdctl.remote.procs import DetachedJob, Started, with_secrets
+from pdctl.remote.shell import Command, expand_home, render
+from pdctl.secret import reveal
 from pdctl.slurm.commands import srun_argv, step_name
 from pdctl.state import pdctl_home
-
-if TYPE_CHECKING:
-    from pdctl.remote.procs import DetachedJob, Started
 
 START_TIMEOUT_S = 60.0
 # srun's own complaints (not the command's): the allocation is gone or the host is not part of it
@@ -95,9 +96,6 @@ class SlurmTransport(Transport):
 
     def start_detached(self, job: DetachedJob) -> Started:
         """The process as a step of its own; its `srun` lives on in a session of its own after the CLI exits."""
-        from pdctl.remote.procs import NODE_VAR, PROCESS_VAR, Started
-        from pdctl.secret import reveal
-
         process = str(job.env.get(PROCESS_VAR, job.unit))
         nonce = secrets.token_hex(8)
         pidfile = f"{job.workdir}/.{process}.step"
@@ -128,9 +126,7 @@ class SlurmTransport(Transport):
 
 
 def _step_script(job: DetachedJob, pidfile: str, nonce: str, env: Mapping[str, str]) -> str:
-    from pdctl.remote.procs import _with_secrets
-
-    argv = " ".join(expand_home(a) for a in _with_secrets(job))
+    argv = " ".join(expand_home(a) for a in with_secrets(job))
     env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     return "\n".join([
         f"LOG={expand_home(job.log_path)}; WD={expand_home(job.workdir)}",

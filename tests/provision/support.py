@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.facts.base import HostLayout
-from pdctl.remote.base import Command, CommandResult
+from pdctl.remote.base import CommandResult
 from pdctl.remote.local import LocalTransport
+from pdctl.remote.shell import Command
 from pdctl.topology import Topology
 from tests.support.venvs import system_site_env
 

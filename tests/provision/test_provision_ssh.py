@@ -23,10 +23,10 @@ import pdctl
 from pdctl.facts.base import HostLayout, gather
 from pdctl.facts.host import ListeningPorts
 from pdctl.lifecycle import UpOptions, doctor, down, up
+from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.provision import HostReport, contexts, provision
 from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.plan import plan
-from pdctl.remote.hosts import connected
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.state import StateStore

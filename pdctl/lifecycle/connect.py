@@ -1,60 +1,34 @@
-"""Choosing a transport per node, and doing the same thing on many hosts at once."""
+"""Connecting to a topology's nodes: the transport each node asks for, opened in parallel, closed at the end.
+
+This sits above `remote/` (the transports know hosts, not topologies) and `slurm/` (a node bound to a job is
+reached through its steps).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
 
 from pdctl.errors import PdctlError
 from pdctl.remote.base import Transport
+from pdctl.remote.fanout import parallel
 from pdctl.remote.local import LocalTransport
+from pdctl.remote.ssh import connect_ssh
 from pdctl.remote.sshconnect import SshOptions
+from pdctl.slurm.allocation import SlurmNode
+from pdctl.slurm.transport import SlurmTransport
 from pdctl.topology import Node
 
-K = TypeVar("K")
-T = TypeVar("T")
+HostKey = tuple[str, str, str | None, int, str | None]
 
 
 def connect(node: Node, options: SshOptions | None = None) -> Transport:
     """The transport the topology asks for; SSH connects now and raises ConnectError on failure."""
-    from pdctl.slurm.allocation import SlurmNode
-
     if isinstance(node, SlurmNode):
-        from pdctl.slurm.transport import SlurmTransport
-
         return SlurmTransport(node.name, node.jobid, node.slurm_node or node.address, node.deployment)
     if node.transport == "local":
         return LocalTransport(node.name)
-    from pdctl.remote.ssh import connect_ssh
-
     return connect_ssh(node, options or SshOptions.from_env())
-
-
-def parallel(items: Iterable[K], fn: Callable[[K], T], max_workers: int = 16) -> dict[K, T]:
-    """`fn` on every item in threads; results by item. Every item finishes before the first error is raised,
-    with the others' messages appended, so no host is left half-done unnoticed."""
-    keys = list(items)
-    if not keys:
-        return {}
-    results: dict[K, T] = {}
-    errors: list[BaseException] = []
-    with ThreadPoolExecutor(max_workers=min(max_workers, len(keys))) as pool:
-        futures = {k: pool.submit(fn, k) for k in keys}
-        for k, fut in futures.items():
-            try:
-                results[k] = fut.result()
-            except BaseException as exc:
-                errors.append(exc)
-    if errors:
-        first = errors[0]
-        if len(errors) > 1 and isinstance(first, PdctlError):
-            more = "; ".join(str(e).splitlines()[0] for e in errors[1:])
-            first.message = f"{first.message}\n(also: {more})"
-            first.args = (first.message,)
-        raise first
-    return results
 
 
 @contextmanager
@@ -69,15 +43,13 @@ def reachable(
     nodes: Iterable[Node], options: SshOptions | None = None, *, partial: bool = True
 ) -> Iterator[tuple[dict[str, Transport], dict[str, PdctlError]]]:
     """Like `connected`, but with `partial` the hosts that fail are returned as errors instead of raised."""
-    node_list = list(nodes)
-    by_key: dict[tuple[str, str, str | None, int, str | None], list[Node]] = {}
-    for n in node_list:
+    by_key: dict[HostKey, list[Node]] = {}
+    for n in nodes:
         by_key.setdefault((n.transport, n.address, n.user, n.port, n.ssh_alias), []).append(n)
-    opened: dict[tuple[str, str, str | None, int, str | None], Transport] = {}
-
+    opened: dict[HostKey, Transport] = {}
     failed: dict[str, PdctlError] = {}
 
-    def _open(key: tuple[str, str, str | None, int, str | None]) -> None:
+    def _open(key: HostKey) -> None:
         try:
             opened[key] = connect(by_key[key][0], options)
         except PdctlError as exc:
