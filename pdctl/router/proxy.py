@@ -240,8 +240,9 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
     The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
     compute the rest. False when the decode failed before its first byte: the caller then disaggregates.
     """
+    taken, rid, derivation = ctx.taken, ctx.rid, ctx.derivation
     d, cached = local
-    h, rid, derivation = ctx.taken.handle, ctx.rid, ctx.derivation
+    h = taken.handle
     assert h is not None
     header = f"hit;tokens={cached};reason={LOCAL_REASON}"
     headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
