@@ -12,6 +12,8 @@ Modules, one concept each:
     admission     per-pool bound on requests in flight, a queue with a deadline, 429/503 + Retry-After
     disconnect    a request's upstream work is cancelled when its client leaves
     metrics       Prometheus metrics and the /stats counters
+    context       RequestContext: one request's own data, created at the entry and handed down the hops
+    routes        the route table: paths, methods, handlers, and what the middlewares read of them
     middleware    request id, auth, body limit + JSON (415, 408, depth) + sanitising, HTTP/1.0 replies
     prefill       the prefill hop (with its retry as a miss)
     decode        the decode hop: stream through, capture the new handle, strip internals
@@ -23,6 +25,7 @@ Modules, one concept each:
     responses     POST /v1/responses (responses_in, responses_out, response_store)
     messages      POST /v1/messages (messages_in, messages_out; apishape: Anthropic's error shape)
     passthrough   stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}
+    endpoints     the router's own /health, /stats, /metrics and /v1/models
     app           the ASGI stack and its lifespan
     listener      the client-facing HTTP protocol: head deadline (408), header limits (431), connection cap
     serve         the router's command line (`python -m pdctl.router`, `pdctl router`): options -> config -> uvicorn

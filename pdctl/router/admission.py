@@ -33,10 +33,6 @@ class Gate:
         self.inflight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
-    @property
-    def queued(self) -> int:
-        return len(self._waiters)
-
     def capacity(self) -> int:
         return self.per_instance * max(1, len(self.pool.healthy()))
 

@@ -1,7 +1,8 @@
 """Errors in Anthropic's shape on /v1/messages: `{"type": "error", "error": {"type": ..., "message": ...}}`.
 
 Everything the router answers with an error there (its own 401/413/400s, refusals, a relayed engine 4xx, a 502)
-is first written in OpenAI's shape by the shared code; this middleware rewrites the body on that route only.
+is first written in OpenAI's shape by the shared code; this middleware rewrites the body on the routes marked
+`anthropic` (routes.py) only.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pdctl.router import jsonx
+from pdctl.router.context import SCOPE_KEY
 from pdctl.router.translated import error_parts
 
-ANTHROPIC_PATHS = ("/v1/messages",)
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
           503: "overloaded_error", 529: "overloaded_error"}
@@ -27,7 +28,8 @@ class AnthropicErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in ANTHROPIC_PATHS:
+        route = scope[SCOPE_KEY].route if scope["type"] == "http" else None
+        if route is None or not route.anthropic:
             await self.app(scope, receive, send)
             return
         start: Message | None = None

@@ -17,9 +17,10 @@ import asyncio
 import time
 from typing import Any
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Send
 
 from pdctl.router import decode, jsonx, proxy
+from pdctl.router.context import RequestContext
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.state import RouterState
@@ -63,16 +64,8 @@ class _Collect:
         return next((v for k, v in self.headers if k == name), b"")
 
 
-def _sub(scope: Scope, body: dict[str, Any], prompt: Any, i: int) -> Scope:
-    sub = dict(scope)
-    sub["pdctl.body"] = {**body, "prompt": prompt}
-    cid = scope.get("pdctl.cid")
-    sub["pdctl.cid"] = f"{cid}#{i}" if cid is not None else None
-    return sub
-
-
-async def completions(state: RouterState, scope: Scope, receive: Receive, send: Send, batch: list[Any]) -> None:
-    body: dict[str, Any] = scope["pdctl.body"]
+async def completions(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
+                      batch: list[Any]) -> None:
     if len(batch) > MAX_PROMPTS:
         await send_error(send, 400, f"a batch of {len(batch)} prompts is over the router's limit of {MAX_PROMPTS}; "
                          "split it into several requests")
@@ -82,12 +75,11 @@ async def completions(state: RouterState, scope: Scope, receive: Receive, send: 
         await send_error(send, 400, "`prompt` must be a string, a list of token ids, or a list of non-empty "
                          "strings or token-id lists")
         return
-    if body.get("stream"):
-        await _streamed(state, scope, receive, send, body, batch)
+    if ctx.body.get("stream"):
+        await _streamed(state, ctx, receive, send, batch)
         return
     outs = [_Collect() for _ in batch]
-    await asyncio.gather(*(proxy.completion(state, _sub(scope, body, p, i), receive, outs[i], chat=False)
-                           for i, p in enumerate(batch)))
+    await asyncio.gather(*(proxy.completion(state, ctx.prompt(i, p), receive, outs[i]) for i, p in enumerate(batch)))
     failed = next((o for o in outs if o.status != 200), None)
     if failed is not None:
         await send_bytes(send, failed.status, b"".join(failed.body))
@@ -107,12 +99,11 @@ def _headers(outs: list[_Collect]) -> list[tuple[bytes, bytes]]:
             (b"x-pd-kv-reuse", b", ".join(o.header(b"x-pd-kv-reuse") for o in outs))]
 
 
-async def _streamed(state: RouterState, scope: Scope, receive: Receive, send: Send, body: dict[str, Any],
-                    batch: list[Any]) -> None:
+async def _streamed(state: RouterState, ctx: RequestContext, receive: Receive, send: Send, batch: list[Any]) -> None:
     started = [False]
     for i, p in enumerate(batch):
         stream = _Relay(send, i, last=i == len(batch) - 1, started=started)
-        await proxy.completion(state, _sub(scope, body, p, i), receive, stream, chat=False)
+        await proxy.completion(state, ctx.prompt(i, p), receive, stream)
         if stream.failed:
             return
 
@@ -184,15 +175,14 @@ class _Relay:
         return b"".join(out)
 
 
-async def sampled(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+async def sampled(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """n > 1: the request on one decode alone, a miss that keeps no handle; admitted through the decode's gate
     and cancelled upstream when its client leaves, like every other turn."""
-    await cancel_on_disconnect(receive, send, lambda out: _sampled(state, scope, receive, out, chat))
+    await cancel_on_disconnect(receive, send, lambda out: _sampled(state, ctx, receive, out))
 
 
-async def _sampled(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-    started = time.perf_counter()
-    body: dict[str, Any] = scope["pdctl.body"]
+async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    ctx.started = time.perf_counter()
     if not state.decode.healthy():
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
@@ -200,8 +190,7 @@ async def _sampled(state: RouterState, scope: Scope, receive: Receive, send: Sen
     if not await proxy.admit(state.decode_gate, send, headers):
         return
     try:
-        res = await decode.run(state, receive, send, scope["path"], scope["pdctl.rid"], chat, body, None, "",
-                               headers, started)
+        res = await decode.run(state, ctx, receive, send, None, headers)
     finally:
         state.decode_gate.release()
     state.metrics.reuse_outcome("miss", N_REASON, 0, False)

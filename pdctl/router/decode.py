@@ -23,6 +23,7 @@ from starlette.types import Receive, Send
 
 from pdctl.router import jsonx
 from pdctl.router.capture import Capture, SseRewriter
+from pdctl.router.context import RequestContext
 from pdctl.router.errors import error_body, relayed_error, send_bytes
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
@@ -57,11 +58,12 @@ def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> bytes:
 
 
 async def run(
-    state: RouterState, receive: Receive, send: Send, path: str, rid: str, chat: bool, body: dict[str, Any],
-    params: dict[str, Any] | None, holder: str, headers: list[tuple[bytes, bytes]], started: float,
-    only: Upstream | None = None,
+    state: RouterState, ctx: RequestContext, receive: Receive, send: Send, params: dict[str, Any] | None,
+    headers: list[tuple[bytes, bytes]], only: Upstream | None = None,
 ) -> DecodeResult:
-    """Stream the decode's answer to the client; `only` tries that one decode and no other (a local turn)."""
+    """Stream the decode's answer to the client, preferring the decode that holds the conversation's KV; `only`
+    tries that one decode and no other (a local turn)."""
+    body, holder = ctx.body, ctx.holder
     payload = decode_body(body, params)
     stream = bool(body.get("stream"))
     keep_ids = bool(body.get("return_token_ids"))
@@ -72,13 +74,13 @@ async def run(
         if d is None:
             break
         tried.append(d)
-        capture = Capture(chat, keep_ids)
+        capture = Capture(ctx.chat, keep_ids)
         d.outstanding += 1
         try:
             if stream:
-                out = await _stream(state, d, receive, send, path, rid, payload, capture, headers, started)
+                out = await _stream(state, ctx, d, receive, send, payload, capture, headers)
             else:
-                out = await _whole(state, d, send, path, rid, payload, capture, headers)
+                out = await _whole(state, ctx, d, send, payload, capture, headers)
         finally:
             d.outstanding -= 1
         if not isinstance(out, _Failed):
@@ -114,11 +116,12 @@ def _kind(exc: httpx.HTTPError) -> str:
     return "connect" if isinstance(exc, httpx.ConnectError) else "read"
 
 
-async def _whole(state: RouterState, d: Upstream, send: Send, path: str, rid: str, payload: bytes,
+async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Send, payload: bytes,
                  capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
+    rid = ctx.rid
     sent = time.perf_counter()
     try:
-        resp = await state.http.post(f"{d.url}{path}", content=payload,
+        resp = await state.http.post(f"{d.url}{ctx.path}", content=payload,
                                      headers={"content-type": "application/json", "x-request-id": rid})
     except httpx.HTTPError as exc:
         return _fail(state, d, rid, _kind(exc), exc)
@@ -146,9 +149,10 @@ def _decode_ms(sent: float) -> tuple[bytes, bytes]:
     return b"x-pd-decode-ms", f"{(time.perf_counter() - sent) * 1000:.1f}".encode()
 
 
-async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send, path: str, rid: str, payload: bytes,
-                  capture: Capture, headers: list[tuple[bytes, bytes]], started: float) -> Literal[True] | _Failed:
-    req = state.http.build_request("POST", f"{d.url}{path}", content=payload,
+async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive: Receive, send: Send, payload: bytes,
+                  capture: Capture, headers: list[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
+    rid = ctx.rid
+    req = state.http.build_request("POST", f"{d.url}{ctx.path}", content=payload,
                                    headers={"content-type": "application/json", "x-request-id": rid})
     sent = time.perf_counter()
     try:
@@ -177,7 +181,7 @@ async def _stream(state: RouterState, d: Upstream, receive: Receive, send: Send,
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers, _decode_ms(sent)]})
         out = sse.feed(first)
-        state.metrics.ttft_seconds.observe(time.perf_counter() - started)
+        state.metrics.ttft_seconds.observe(time.perf_counter() - ctx.started)
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             if out:

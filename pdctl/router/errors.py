@@ -10,8 +10,6 @@ from starlette.types import Send
 
 from pdctl.router import jsonx
 
-Headers = list[tuple[bytes, bytes]]
-
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

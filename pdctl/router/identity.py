@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pdctl.router.context import SCOPE_KEY, RequestContext
+
 DEFAULT_HEADERS = ("x-conversation-id", "x-session-id", "x-litellm-session-id", "x-session-affinity",
                    "x-correlation-id")
 
@@ -21,12 +23,13 @@ class ConversationHeaders:
         self.names = [n.strip().lower().encode("latin-1") for n in names]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and "pdctl.body" in scope:
-            if scope.get("pdctl.cid") is not None:
-                scope["pdctl.cid_in_body"] = True
+        if scope["type"] == "http" and scope["method"] == "POST":  # JsonBody let it through: its body is parsed
+            ctx: RequestContext = scope[SCOPE_KEY]
+            if ctx.cid is not None:
+                ctx.cid_in_body = True
             else:
-                given = {k: v for k, v in reversed(scope["headers"])}  # the first of repeated headers wins
+                given = {k: v for k, v in reversed(ctx.headers)}  # the first of repeated headers wins
                 value = next((given[n] for n in self.names if given.get(n)), None)
                 if value is not None:
-                    scope["pdctl.cid"] = value.decode("latin-1")
+                    ctx.cid = value.decode("latin-1")
         await self.app(scope, receive, send)

@@ -7,26 +7,23 @@ chat path, and the answer is rendered back (messages_out). Errors on this route 
 
 from __future__ import annotations
 
-from typing import Any
-
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from pdctl.router import proxy
+from pdctl.router.context import RequestContext
 from pdctl.router.errors import send_error
 from pdctl.router.messages_in import to_chat
 from pdctl.router.messages_out import MessagesRenderer
-from pdctl.router.responses import chat_scope
 from pdctl.router.responses_in import BadInput
 from pdctl.router.state import RouterState
 from pdctl.router.translated import Translating
 
 
-async def create(state: RouterState, scope: Scope, receive: Receive, send: Send) -> None:
-    body: dict[str, Any] = scope["pdctl.body"]
+async def create(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     try:
-        chat = to_chat(body, state.config.model)
+        chat = to_chat(ctx.body, state.config.model)
     except BadInput as e:
         await send_error(send, 400, e.message)
         return
     out = Translating(send, MessagesRenderer(chat["model"]))
-    await proxy.completion(state, chat_scope(scope, chat), receive, out, chat=True)
+    await proxy.completion(state, ctx.translated(chat), receive, out)

@@ -1,11 +1,12 @@
-"""Small stateless ASGI middlewares; per-request state lives inside `__call__`.
+"""Small stateless ASGI middlewares; per-request state lives on the request's RequestContext (context.py).
 
-RequestId   gives every request an id, echoed as `X-Request-Id` and counted by route and status
-ApiKey      `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on everything but /health, when a key
-            is configured
+RequestId   gives every request its context: an id, echoed as `X-Request-Id`, and its route (routes.py), and counts
+            it by route and status
+ApiKey      `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`) on every route that asks for it, when a
+            key is configured
 JsonBody    POST bodies: JSON content type (415), read within a deadline (408), size limit (413), a JSON
             object no deeper than MAX_DEPTH (400), client `kv_transfer_params` removed, `conversation_id`
-            taken out; the parsed body is left in scope["pdctl.body"]
+            taken out; the parsed body is left on the context
 Http10      HTTP/1.0 clients cannot read chunked replies: their response is sent whole, with content-length
 """
 
@@ -16,47 +17,48 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pdctl.router import jsonx
+from pdctl.router.context import NO_BODY, SCOPE_KEY, RequestContext
 from pdctl.router.errors import send_error
 from pdctl.router.metrics import RouterMetrics
 
-log = logging.getLogger("pdctl.router")
+if TYPE_CHECKING:
+    from pdctl.router.routes import RouteTable
 
-ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/stats",
-                    "/v1/responses", "/v1/messages", "/tokenize", "/detokenize", "/version", "/v1/embeddings",
-                    "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"})
+log = logging.getLogger("pdctl.router")
 
 
 class RequestId:
-    def __init__(self, app: ASGIApp, metrics: RouterMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: RouterMetrics, routes: RouteTable) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope["pdctl.t0"] = time.perf_counter()  # the router-in stage counts body reading and JSON parsing
-        rid = uuid.uuid4().hex
-        scope["pdctl.rid"] = rid
-        header = (b"x-request-id", rid.encode())
-        status = [500]
+        t0 = time.perf_counter()
+        path = scope["path"]
+        ctx = RequestContext(uuid.uuid4().hex, t0, scope["method"], path, scope["headers"],
+                             scope.get("query_string", b""), self.routes.match(path), NO_BODY)
+        scope[SCOPE_KEY] = ctx
+        header = (b"x-request-id", ctx.rid.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                ctx.status = message["status"]
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            path = scope["path"]
-            self.metrics.request(path if path in ROUTES else "other", status[0])
+            self.metrics.request(self.routes.label(ctx.route), ctx.status)
 
 
 class ApiKey:
@@ -65,7 +67,11 @@ class ApiKey:
         self.expected = f"Bearer {key}".encode() if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is None or scope["type"] != "http" or scope["path"] == "/health":
+        if self.expected is None or scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope[SCOPE_KEY].route
+        if route is not None and not route.auth:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -160,10 +166,11 @@ class JsonBody:
         if too_deep(body):
             await send_error(send, 400, f"request body nests deeper than {MAX_DEPTH} levels")
             return
+        ctx: RequestContext = scope[SCOPE_KEY]
         if body.pop("kv_transfer_params", None) is not None:
-            log.warning("[%s] removed client-supplied kv_transfer_params", scope.get("pdctl.rid", "-"))
-        scope["pdctl.cid"] = body.pop("conversation_id", None)
-        scope["pdctl.body"] = body
+            log.warning("[%s] removed client-supplied kv_transfer_params", ctx.rid)
+        ctx.cid = body.pop("conversation_id", None)
+        ctx.body = body
         await self.app(scope, receive, send)
 
 

@@ -1,7 +1,6 @@
-"""Routes that carry no KV state, forwarded to one healthy engine and answered as it answers.
+"""Routes that carry no KV state (routes.py: /tokenize, /v1/embeddings, /version, ...), forwarded to one healthy
+engine and answered as it answers.
 
-POST /tokenize /detokenize /v1/embeddings /pooling /classify /score /v1/score /rerank /v1/rerank /v2/rerank
-GET  /version
 The body went through the router's own rules first (API key, size limit, JSON object, kv_transfer_params
 removed). The engine is the least busy healthy one, prefills before decodes (their time is not on a stream's
 critical path); one that cannot be reached or answers 5xx is retried once on another. Only the engine's status,
@@ -16,18 +15,16 @@ import logging
 from urllib.parse import unquote
 
 import httpx
-from starlette.types import Scope, Send
+from starlette.types import Receive, Send
 
 from pdctl.router import jsonx
+from pdctl.router.context import RequestContext
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
 
 log = logging.getLogger("pdctl.router")
 
-POST_ROUTES = frozenset({"/tokenize", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score",
-                         "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"})
-GET_ROUTES = frozenset({"/version"})
 MODEL_PREFIX = "/v1/models/"
 
 
@@ -36,12 +33,11 @@ def _candidates(state: RouterState) -> list[Upstream]:
     return [u for _, _, u in sorted(ranked, key=lambda t: (t[0], t[1]))]
 
 
-async def forward(state: RouterState, scope: Scope, send: Send) -> None:
-    path, method = scope["path"], scope["method"]
-    query = scope.get("query_string", b"")
+async def forward(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    path, method, query = ctx.path, ctx.method, ctx.query
     target = path + ("?" + query.decode("latin-1") if query else "")
-    content = jsonx.dumps(scope["pdctl.body"]) if method == "POST" else b""
-    headers = {"x-request-id": scope["pdctl.rid"]}
+    content = jsonx.dumps(ctx.body) if method == "POST" else b""
+    headers = {"x-request-id": ctx.rid}
     if method == "POST":
         headers["content-type"] = "application/json"
     for u in _candidates(state)[:2]:
@@ -50,7 +46,7 @@ async def forward(state: RouterState, scope: Scope, send: Send) -> None:
             resp = await state.http.request(method, f"{u.url}{target}", content=content, headers=headers)
         except httpx.HTTPError as exc:
             state.metrics.error(u.role, "timeout" if isinstance(exc, httpx.TimeoutException) else "connect")
-            log.warning("[%s] %s: %s instance unreachable; trying another", scope["pdctl.rid"], path, u.role)
+            log.warning("[%s] %s: %s instance unreachable; trying another", ctx.rid, path, u.role)
             continue
         finally:
             u.outstanding -= 1
@@ -63,9 +59,9 @@ async def forward(state: RouterState, scope: Scope, send: Send) -> None:
     await send_error(send, 502 if _candidates(state) else 503, f"no engine instance could serve {path}")
 
 
-async def model(state: RouterState, scope: Scope, send: Send) -> None:
+async def model(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """One model of the decodes' /v1/models list, as OpenAI's GET /v1/models/{model} returns it."""
-    wanted = unquote(scope["path"][len(MODEL_PREFIX):])
+    wanted = unquote(ctx.path[len(MODEL_PREFIX):])
     for u in state.decode.healthy():
         try:
             resp = await state.http.get(f"{u.url}/v1/models")

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from pdctl.router import jsonx
+from pdctl.router.context import RequestContext
 from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
@@ -47,11 +48,12 @@ class PrefillResult:
     error: bytes = b""
 
 
-async def tokenize(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any]) -> array[int] | None:
+async def tokenize(state: RouterState, ctx: RequestContext, p: Upstream) -> array[int] | None:
     """The new request's prompt token ids, as the chosen prefill computes them."""
+    body = ctx.body
     # token_strs would double the answer (vLLM sends them only when asked); the router reads `tokens` alone.
     req: dict[str, Any] = {"model": body.get("model", state.config.model), "return_token_strs": False}
-    if chat:
+    if ctx.chat:
         req["messages"] = body.get("messages")
         req.update((k, body[k]) for k in _TOKENIZE_CHAT if k in body)
     else:
@@ -112,12 +114,11 @@ async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid:
         p.outstanding -= 1
 
 
-async def run(
-    state: RouterState, p: Upstream, path: str, rid: str, key: str, body: dict[str, Any], verdict: Verdict,
-    ids: array[int] | None = None,
-) -> PrefillResult:
+async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Verdict,
+              ids: array[int] | None = None) -> PrefillResult:
     """The prefill hop; `error` of a failed result is an OpenAI error body ready for the client."""
     started = time.perf_counter()
+    rid, key = ctx.rid, ctx.conversation or ctx.rid
     tried: list[Upstream] = []
 
     def done(status: int = 200, error: bytes = b"", params: dict[str, Any] | None = None,
@@ -125,7 +126,7 @@ async def run(
         return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error)
 
     for attempt in range(2):
-        resp = await _call(state, p, *prefill_request(path, body, verdict.params, ids), rid)
+        resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid)
         with_handle = verdict.outcome != "miss"
         if not isinstance(resp, str) and resp.status_code == 200:
             state.prefill.succeeded(p)

@@ -1,6 +1,7 @@
 """One completion request, start to end: conversation -> handle -> verification -> prefill -> decode -> handle.
 
-Used for `/v1/chat/completions` and `/v1/completions` alike; `chat` says which. The whole request is cancelled
+Used for `/v1/chat/completions` and `/v1/completions` alike (the context's `chat` says which), and for the agent
+APIs translated into chat. Its per-request data is on its RequestContext (context.py). The whole request is cancelled
 when its client leaves (disconnect.py), and waits for a slot of each pool it uses (admission.py).
 """
 
@@ -14,15 +15,16 @@ from array import array
 from dataclasses import replace
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from pdctl.router import decode, placement, prefill
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
+from pdctl.router.context import NOT_TAKEN, RequestContext
 from pdctl.router.conversation import Derivation, explicit_id, new_id
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.handles import NOT_ELIGIBLE, Handle, Taken
+from pdctl.router.handles import Handle, Taken
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
 from pdctl.router.verify import LOCAL_REASON, Verdict, as_tokens, hit_params, matching_blocks, miss, verify
@@ -32,8 +34,8 @@ log = logging.getLogger("pdctl.router")
 _SCOPE_KEY = os.urandom(16)
 
 
-def _header(scope: Scope, names: tuple[bytes, ...]) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in names}
+def _header(headers: list[tuple[bytes, bytes]], names: tuple[bytes, ...]) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in names}
 
 
 def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
@@ -56,12 +58,12 @@ def unsupported(chat: bool, body: dict[str, Any]) -> str | None:
     return None
 
 
-def owner(scope: Scope, body: dict[str, Any]) -> str:
+def owner(ctx: RequestContext) -> str:
     """Whose conversations these are: the client's credentials (`Authorization`, Anthropic's `x-api-key`) and its
     `cache_salt`. Handles and derived conversations never cross owners, so nobody learns or spends another's KV by
     knowing its conversation id."""
-    auth = b"\0".join(v for k, v in scope["headers"] if k in (b"authorization", b"x-api-key"))
-    salt = body.get("cache_salt")
+    auth = b"\0".join(v for k, v in ctx.headers if k in (b"authorization", b"x-api-key"))
+    salt = ctx.body.get("cache_salt")
     if not auth and salt is None:
         return ""
     mac = hashlib.blake2b(auth + b"\0" + repr(salt).encode(), key=_SCOPE_KEY, digest_size=12)
@@ -72,33 +74,32 @@ def _unavailable(pool: Pool) -> str:
     return f"no healthy {pool.role} instance ({len(pool.healthy())} of {len(pool.members)} healthy)"
 
 
-def conversation(
-    state: RouterState, scope: Scope, chat: bool, body: dict[str, Any]
-) -> tuple[str | None, Derivation | None]:
+def conversation(state: RouterState, ctx: RequestContext) -> tuple[str | None, Derivation | None]:
     """The conversation id (None: this request cannot take part in reuse) and, if derived, its derivation."""
+    body = ctx.body
     if (body.get("n") or 1) != 1 or (body.get("best_of") or 1) != 1:
         return None, None
-    pinned = scope.get("pdctl.conversation")
-    if isinstance(pinned, str):  # already resolved by an agent-API front (a Responses previous_response_id)
+    pinned = ctx.conversation
+    if pinned is not None:  # already resolved by an agent-API front (a Responses previous_response_id)
         return pinned, None
-    who = owner(scope, body)
-    given = explicit_id(scope.get("pdctl.cid"), _header(scope, (b"x-conversation-id", b"x-session-id")))
+    who = owner(ctx)
+    given = explicit_id(ctx.cid, _header(ctx.headers, (b"x-conversation-id", b"x-session-id")))
     if given is not None:
         return (f"{who}|{given}" if who else given), None
     index = state.index
-    d = index.derive_chat(body["messages"], who) if chat else index.derive_prompt(body["prompt"], who)
+    d = index.derive_chat(body["messages"], who) if ctx.chat else index.derive_prompt(body["prompt"], who)
     if d.kind == "none":
         return None, None
     return d.cid or new_id(), d
 
 
-async def _prompt_ids(state: RouterState, p: Upstream, chat: bool, body: dict[str, Any]) -> array[int] | None:
+async def _prompt_ids(state: RouterState, ctx: RequestContext, p: Upstream) -> array[int] | None:
     """The prompt's token ids: as sent for a token-id completion, else from the prefill's /tokenize."""
-    prompt = body.get("prompt")
+    prompt = ctx.body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
-    ids = as_tokens(prompt) if not chat and isinstance(prompt, list) else None
-    return ids if ids is not None else await prefill.tokenize(state, p, chat, body)
+    ids = as_tokens(prompt) if not ctx.chat and isinstance(prompt, list) else None
+    return ids if ids is not None else await prefill.tokenize(state, ctx, p)
 
 
 def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdict:
@@ -138,10 +139,10 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None,
     return holder, cached
 
 
-async def completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """Serve one completion request; everything it started upstream is cancelled if its client leaves."""
-    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, scope, receive, out, chat)):
-        log.info("[%s] client disconnected; its upstream work was cancelled", scope.get("pdctl.rid", "-"))
+    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, ctx, receive, out)):
+        log.info("[%s] client disconnected; its upstream work was cancelled", ctx.rid)
 
 
 async def admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
@@ -154,53 +155,48 @@ async def admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | Non
     return True
 
 
-async def _completion(state: RouterState, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
-    started = time.perf_counter()
-    rid: str = scope["pdctl.rid"]
-    body: dict[str, Any] = scope["pdctl.body"]
-    problem = unsupported(chat, body)
+async def _completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    ctx.started = time.perf_counter()
+    problem = unsupported(ctx.chat, ctx.body)
     if problem:
         await send_error(send, 400, problem)
         return
-    cid, derivation = conversation(state, scope, chat, body)
-    scope["pdctl.conversation"] = cid
+    cid, ctx.derivation = conversation(state, ctx)
+    ctx.conversation = cid
     if not state.prefill.healthy() or not state.decode.healthy():
         await send_error(send, 503, _unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return
     if not await admit(state.decode_gate, send):
         return
-    taken = state.handles.take(cid, state.stale) if cid else Taken(None, NOT_ELIGIBLE)
+    ctx.taken = state.handles.take(cid, state.stale) if cid else NOT_TAKEN
     try:
-        await _turn(state, scope, receive, send, rid, chat, body, cid, derivation, taken, started)
+        await _turn(state, ctx, receive, send)
     finally:
         state.decode_gate.release()
-        if taken.handle is not None and cid is not None:
+        if ctx.taken.handle is not None and cid is not None:
             state.handles.release(cid)
 
 
-async def _turn(
-    state: RouterState, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool, body: dict[str, Any],
-    cid: str | None, derivation: Derivation | None, taken: Taken, started: float,
-) -> None:
+async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    rid, cid, taken = ctx.rid, ctx.conversation, ctx.taken
     p = state.prefill_policy.pick(state.prefill, cid or rid)
     if p is None:
         await send_error(send, 503, _unavailable(state.prefill))
         return
     need_ids = taken.handle is not None and state.config.verify_prefix
-    ids = await _prompt_ids(state, p, chat, body) if need_ids else None
+    ids = await _prompt_ids(state, ctx, p) if need_ids else None
     local = local_decode(state, taken.handle, ids, p)
-    if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
-                                               derivation, started):
+    if local is not None and await _local_turn(state, ctx, receive, send, local):
         return
     verdict = _verdict(state, taken, ids)
-    t0, in_ms = scope.get("pdctl.t0", started), 0.0
+    t0, in_ms = ctx.t0, 0.0
     for attempt in range(2):
         if not await admit(state.prefill_gate, send):
             return
         if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
             in_ms = (time.perf_counter() - t0) * 1000
         try:
-            pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict, ids)
+            pre = await prefill.run(state, ctx, p, verdict, ids)
         finally:
             state.prefill_gate.release()
         v = pre.verdict
@@ -213,12 +209,10 @@ async def _turn(
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
             return
-        holder = taken.handle.decode_url if taken.handle is not None else ""
-        res = await decode.run(state, receive, send, scope["path"], rid, chat, body, pre.params, holder, headers,
-                               started)
+        res = await decode.run(state, ctx, receive, send, pre.params, headers)
         if res.sent:
             if cid is not None and res.capture is not None and res.upstream is not None:
-                _keep(state, cid, derivation, res.capture, res.upstream)
+                _keep(state, ctx, cid, res.capture, res.upstream)
             return
         if not res.redo or attempt == 1:
             if res.error:
@@ -239,22 +233,20 @@ async def _turn(
         verdict = miss("prefill_redone") if verdict.outcome != "miss" else verdict
 
 
-async def _local_turn(
-    state: RouterState, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool,
-    body: dict[str, Any], taken: Taken, local: tuple[Upstream, int], derivation: Derivation | None, started: float,
-) -> bool:
+async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
+                      local: tuple[Upstream, int]) -> bool:
     """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
 
     The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
     compute the rest. False when the decode failed before its first byte: the caller then disaggregates.
     """
+    taken, rid, derivation = ctx.taken, ctx.rid, ctx.derivation
     d, cached = local
     h = taken.handle
     assert h is not None
     header = f"hit;tokens={cached};reason={LOCAL_REASON}"
     headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
-    res = await decode.run(state, receive, send, scope["path"], rid, chat, body, None, h.decode_url, headers,
-                           started, only=d)
+    res = await decode.run(state, ctx, receive, send, None, headers, only=d)
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False
@@ -269,12 +261,13 @@ async def _local_turn(
     return True
 
 
-def _keep(state: RouterState, cid: str, derivation: Derivation | None, capture: Capture, d: Upstream) -> None:
+def _keep(state: RouterState, ctx: RequestContext, cid: str, capture: Capture, d: Upstream) -> None:
     """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation."""
     if capture.params is None:
         state.handles.mark(cid, "no_handle_returned")
         return
     state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
+    derivation = ctx.derivation
     key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
     now = state.handles.clock()
     state.handles.put(Handle(cid, capture.params, d.url, as_tokens(capture.held_tokens()), now,

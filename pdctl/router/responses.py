@@ -8,34 +8,21 @@ under that response's conversation id, unless the body names its own `conversati
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-from starlette.types import Receive, Scope, Send
+from starlette.types import Receive, Send
 
 from pdctl.router import proxy
+from pdctl.router.context import RequestContext
 from pdctl.router.errors import send_error
-from pdctl.router.response_store import ResponseStore
 from pdctl.router.responses_in import BadInput, to_chat
 from pdctl.router.responses_out import ResponsesRenderer, new_id, output_messages
 from pdctl.router.state import RouterState
 from pdctl.router.translated import Translating
 
-log = logging.getLogger("pdctl.router")
 
-
-def chat_scope(scope: Scope, body: dict[str, Any]) -> Scope:
-    """The scope proxy.completion sees: the chat route and the translated body; the rest is the client's."""
-    sub = dict(scope)
-    sub["path"] = "/v1/chat/completions"
-    sub["pdctl.body"] = body
-    return sub
-
-
-async def create(state: RouterState, store: ResponseStore, scope: Scope, receive: Receive, send: Send) -> None:
-    body: dict[str, Any] = scope["pdctl.body"]
+async def create(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
+    store, body = state.responses, ctx.body
     prev = body.get("previous_response_id")
-    whose = proxy.owner(scope, body)
+    whose = proxy.owner(ctx)
     kept = None
     if prev is not None:
         kept = store.get(prev, whose) if isinstance(prev, str) else None
@@ -52,9 +39,9 @@ async def create(state: RouterState, store: ResponseStore, scope: Scope, receive
     response_id = new_id("resp")
     renderer = ResponsesRenderer(body, req.body["model"], response_id)
     out = Translating(send, renderer)
-    sub = chat_scope(scope, req.body)
-    if kept is not None and kept.conversation is not None and not scope.get("pdctl.cid_in_body"):
-        sub["pdctl.conversation"] = kept.conversation
-    await proxy.completion(state, sub, receive, out, chat=True)
+    sub = ctx.translated(req.body)
+    if kept is not None and kept.conversation is not None and not ctx.cid_in_body:
+        sub.conversation = kept.conversation
+    await proxy.completion(state, sub, receive, out)
     if out.ok and renderer.finish is not None and body.get("store", True) is not False:
-        store.put(response_id, req.history + output_messages(renderer.items), sub.get("pdctl.conversation"), whose)
+        store.put(response_id, req.history + output_messages(renderer.items), sub.conversation, whose)

@@ -1,4 +1,5 @@
-"""Everything one router instance holds: config, the shared HTTP client, pools, policies, handles, metrics."""
+"""Everything one router instance holds: config, the shared HTTP client, pools, policies, handles, kept
+responses, metrics."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
 from pdctl.router.handles import Handle, HandleTable
 from pdctl.router.metrics import RouterMetrics
+from pdctl.router.response_store import ResponseStore
 from pdctl.router.upstreams import AffinityRing, HolderFirst, Pool, Selector
 
 
@@ -23,6 +25,7 @@ class RouterState:
     decode_policy: Selector
     index: DerivedIndex
     handles: HandleTable
+    responses: ResponseStore
     metrics: RouterMetrics
     prefill_gate: Gate
     decode_gate: Gate
@@ -41,6 +44,7 @@ class RouterState:
             decode_policy=HolderFirst(config.load_factor),
             index=index,
             handles=HandleTable(config.max_handles, index=index),
+            responses=ResponseStore(config.handle_lifetime, config.max_handles),
             metrics=RouterMetrics(),
             prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
             decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),

@@ -29,7 +29,6 @@ class Upstream:
     healthy: bool = True
     outstanding: int = 0
     failures: int = 0
-    errors_total: int = 0
     generation: int = 0
     engine_id: str | None = None
 
@@ -58,13 +57,11 @@ class Pool:
         """One failed health signal; `slow` (a timeout: the process answered nothing in time but may be alive)
         never ejects the role's last healthy instance, which would turn overload into an outage."""
         u.failures += 1
-        u.errors_total += 1
         if u.healthy and u.failures >= self.eject_after and not (slow and self.healthy() == [u]):
             u.healthy = False
             self.lost(u)
 
     def eject(self, u: Upstream) -> None:
-        u.errors_total += 1
         u.failures = max(u.failures + 1, self.eject_after)
         u.healthy = False
         self.lost(u)

@@ -1,0 +1,63 @@
+"""One request's own data: created once at the router's entry (middleware.RequestId) and handed down.
+
+The middlewares fill it in (JsonBody: the parsed body and its `conversation_id`; ConversationHeaders: a header's
+id), the dispatcher runs its route's handler with it, and the hops read it rather than long parameter lists: the
+request id, the engine path, the body, the conversation it resolved to, the handle it took. Between middlewares
+it travels in the ASGI scope under SCOPE_KEY, the one channel the ASGI contract gives them. A translated request
+(Responses, Messages) and each prompt of a batch are served as a copy with their own path or body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from pdctl.router.handles import NOT_ELIGIBLE, Taken
+
+if TYPE_CHECKING:
+    from pdctl.router.conversation import Derivation
+    from pdctl.router.routes import Route
+
+SCOPE_KEY: Final = "pdctl.request"
+CHAT: Final = "/v1/chat/completions"
+NOT_TAKEN: Final = Taken(None, NOT_ELIGIBLE)
+# The body until JsonBody parses one (a GET's for good): shared, never written, as only POST routes read a body.
+NO_BODY: Final[dict[str, Any]] = {}
+
+
+@dataclass(slots=True, eq=False)
+class RequestContext:
+    rid: str
+    t0: float  # perf_counter at entry: the router-in stage counts body reading and JSON parsing
+    method: str
+    path: str  # the client's path; a translated request's is the chat route its hops call
+    headers: list[tuple[bytes, bytes]]  # the client's, as the server gave them
+    query: bytes
+    route: Route | None  # the client's route (None: no such path)
+    body: dict[str, Any]  # NO_BODY, or the parsed JSON object (JsonBody)
+    status: int = 500  # of the response, once it started
+    cid: object = None  # the client's conversation id: the body's `conversation_id` (any JSON), else a header's
+    cid_in_body: bool = False
+    conversation: str | None = None  # the one it runs under: pinned by a front (previous_response_id) or resolved
+    derivation: Derivation | None = None  # how a derived conversation id was found (to key the reply)
+    taken: Taken = NOT_TAKEN  # the conversation's decode handle, taken for this turn
+    started: float = 0.0  # when the completion began (the TTFT metric's origin)
+
+    @property
+    def chat(self) -> bool:
+        return self.path == CHAT
+
+    @property
+    def holder(self) -> str:
+        """The decode holding the conversation's KV ("" when this turn took no handle)."""
+        h = self.taken.handle
+        return h.decode_url if h is not None else ""
+
+    def translated(self, body: dict[str, Any]) -> RequestContext:
+        """The chat completion an agent-API request is served as: the chat route, its translated body."""
+        return replace(self, path=CHAT, body=body)
+
+    def prompt(self, i: int, prompt: Any) -> RequestContext:
+        """Prompt `i` of a batch, a conversation of its own (an explicit id gets `#<i>` appended)."""
+        return replace(self, body={**self.body, "prompt": prompt}, cid=f"{self.cid}#{i}" if self.cid is not None
+                       else None)
