@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from pdctl.cli import app
-from pdctl.cli.support import DEBUG, call
+from pdctl.cli.errors import DEBUG, call
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
