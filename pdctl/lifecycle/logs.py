@@ -48,18 +48,22 @@ def logs(
         names = ", ".join(s.name for s in specs)
         raise UsageError(f"no process {process!r} in {topo.name}", hint=f"choose one of: {names}")
     with connected(topo.nodes, ssh) as hosts:
+        if follow and len(chosen) == 1:
+            follow_log(hosts[chosen[0].node], chosen[0].log_path, lines, sink, stop or threading.Event(), poll_s)
+            return
         for spec in chosen:
             if len(chosen) > 1:
                 sink.section(spec)
             sink.write(hosts[spec.node].tail(spec.log_path, lines=lines))
-        if follow and len(chosen) == 1:
-            follow_log(hosts[chosen[0].node], chosen[0].log_path, sink, stop or threading.Event(), poll_s)
 
 
-def follow_log(transport: Transport, path: str, sink: LogSink, stop: threading.Event, poll_s: float) -> None:
-    """Write what is appended to `path` from now on, every `poll_s`, until `stop` is set."""
+def follow_log(transport: Transport, path: str, lines: int, sink: LogSink, stop: threading.Event,
+               poll_s: float) -> None:
+    """The last `lines` of `path`, then what is appended to it, every `poll_s`, until `stop` is set.
+    The tail is cut at the size read first, so nothing written meanwhile is lost or written twice."""
     quoted = expand_home(path)
     size = int(transport.run(f"wc -c < {quoted} 2>/dev/null || echo 0").stdout.strip() or 0)
+    sink.write(transport.run(f"head -c {size} {quoted} 2>/dev/null | tail -n {lines}").stdout)
     while not stop.wait(poll_s):
         res = transport.run(f"tail -c +{size + 1} {quoted} 2>/dev/null")
         if res.stdout:
