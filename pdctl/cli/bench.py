@@ -1,20 +1,17 @@
 """`pdctl bench`: the multi-turn TTFT A/B benchmark (legs, plots, report); the checks live in
-`pdctl.bench.options`, the run in `pdctl.bench.run`."""
+`pdctl.bench.options`, the run in `pdctl.bench.session`."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from pdctl.bench import report
-from pdctl.bench.options import BenchArgs, bench_options, estimate_line
-from pdctl.bench.progress import make_progress
+from pdctl.bench.options import BenchArgs, bench_options
 from pdctl.bench.render import as_json, print_outcome
-from pdctl.bench.run import run_bench
+from pdctl.bench.session import bench as run
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json
 from pdctl.cli.support import topology_path
@@ -92,7 +89,6 @@ def bench(
 
     Writes requests.json, legs.json, summary.csv, two plots and report.md to --out; exits 1 when a guard fails.
     """
-    console = Console(stderr=True, soft_wrap=True)
     args = BenchArgs(
         topology=topology_path(topology), overrides=list(overrides or []), profile=profile, lengths=lengths,
         conversations=conversations, turns=turns, user_tokens=user_tokens, output_tokens=output_tokens,
@@ -101,16 +97,7 @@ def bench(
         tool_tokens=tool_tokens, think_s=think_s, arrival_rate=arrival_rate,
     )
     opts = bench_options(args, ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts))
-    deployer = None
-    if not opts.no_redeploy:
-        from pdctl.bench.deploy import LifecycleDeployer
-
-        deployer = LifecycleDeployer(console, opts.ssh)
-    err.print(estimate_line(opts), highlight=False, markup=False)
-    with make_progress(console, opts.workload.turns) as progress:
-        result = run_bench(opts, deployer, progress)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    files = report.write(result, out_dir or Path("bench-out") / f"{result.topology}-{stamp}")
+    result, files = run(opts, Console(stderr=True, soft_wrap=True), out_dir)
     if as_json_out:
         print_json(as_json(result, files), indent=1)
     else:

@@ -13,7 +13,7 @@ from typer.core import TyperGroup
 from pdctl import __version__
 from pdctl.cli.errors import DEBUG, reported
 from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
-from pdctl.cli.output import out
+from pdctl.cli.output import out, say
 from pdctl.cli.support import load_topology
 from pdctl.plan import plan as make_plan
 from pdctl.plan_view import plan_json, render_plan
@@ -95,7 +95,7 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
 
         out.print("[bold]slurm[/]: the holder job, then one step per process", highlight=False)
         for line in plan_lines(topo, [(s.name, s.node) for s in specs]):
-            out.print(line, highlight=False, markup=False, soft_wrap=True)
+            say(out, line)
     render_plan(specs, out)
 
 
