@@ -9,6 +9,7 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,14 @@ from rich.console import Console
 
 from pdctl.bench import report
 from pdctl.bench.legs import parse_legs
+from pdctl.bench.options import parse_lengths
 from pdctl.bench.records import BenchResult
 from pdctl.bench.report import ReportFiles
 from pdctl.bench.run import BenchOptions, Progress, run_bench
 from pdctl.bench.workload import WorkloadSpec
+from pdctl.errors import UsageError
 from pdctl.examples import example
+from pdctl.state import pdctl_home
 from pdctl.topology import Topology, load
 
 
@@ -36,6 +40,15 @@ class DemoOptions:
     # Speed 3 (not the file's 10) keeps the simulated prefill compute well above a small machine's own Python
     # overhead, so the curve keeps its H200 shape.
     speed: float = 3.0
+
+
+def demo_options(out: Path | None, lengths: str, conversations: int, turns: int, speed: float) -> DemoOptions:
+    """The command line's values checked; `out` None: a new directory under $PDCTL_HOME/demo."""
+    if conversations < 1 or turns < 2 or not speed > 0:
+        raise UsageError("--conversations must be >= 1, --turns >= 2 and --speed > 0",
+                         hint="e.g. pdctl demo --lengths 2000 --turns 2")
+    target = (out or pdctl_home() / "demo" / datetime.now().strftime("%Y%m%d-%H%M%S")).expanduser().resolve()
+    return DemoOptions(target, parse_lengths(lengths), conversations, turns, speed=speed)
 
 
 def free_ports(count: int) -> list[int]:

@@ -11,7 +11,7 @@
     ├── BusyError                   another pdctl process is changing the same deployment
     └── SlurmError                  a Slurm command failed, or the deployment's job is not running
 
-Every error carries a `hint`: the next thing the user can do. `cli.py` prints
+Every error carries a `hint`: the next thing the user can do. `pdctl/cli/errors.py` prints
 `Error: <message>` and `hint: <hint>` to stderr and exits with `exit_code`.
 Lower-layer errors (paramiko, socket, httpx) are translated into these at one boundary per layer.
 """

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
 
 class LifecycleDeployer:
     """Every leg starts from scratch (router state included), as the seed's manual recipe did by hand."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, ssh: SshOptions | None = None) -> None:
         self.console = console
+        self.ssh = ssh
 
     def redeploy(self, topo: Topology) -> None:
         from pdctl.lifecycle.up import UpOptions, up
 
-        up(topo, self.console, UpOptions(restart=True, smoke=False))
+        up(topo, self.console, UpOptions(ssh=self.ssh, restart=True, smoke=False))
 
     def down(self, topo: Topology) -> None:
         from pdctl.lifecycle.down import down
 
-        down(topo, self.console)
+        down(topo, self.console, ssh=self.ssh)

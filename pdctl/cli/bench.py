@@ -1,64 +1,25 @@
-"""`pdctl bench`: the multi-turn TTFT A/B benchmark (legs, plots, report)."""
+"""`pdctl bench`: the multi-turn TTFT A/B benchmark (legs, plots, report); the checks live in
+`pdctl.bench.options`, the run in `pdctl.bench.session`."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from pdctl.bench import report
-from pdctl.bench.agent import AgentSpec, Range
-from pdctl.bench.capacity import CapacityOptions, Slo, parse_sweep
-from pdctl.bench.estimate import estimate
-from pdctl.bench.legs import LegSpec, leg_topology, parse_legs
-from pdctl.bench.progress import make_progress
+from pdctl.bench.options import BenchArgs, bench_options
 from pdctl.bench.render import as_json, print_outcome
-from pdctl.bench.run import BenchOptions, run_bench
-from pdctl.bench.workload import DEFAULT_LENGTHS, Api, WorkloadSpec
-from pdctl.cli.support import TOPOLOGY_HELP, call, err, out, topology_path
-from pdctl.errors import UsageError
-
-
-@dataclass(frozen=True)
-class Profile:
-    """The workload of a --profile; explicit flags win. quick keeps the README's `pdctl bench -t
-    configs/local-sim.yaml` to a few minutes on the simulator; full is the seed's sweep (an hour or more)."""
-
-    lengths: tuple[int, ...]
-    conversations: int
-    turns: int
-    user_tokens: int
-    output_tokens: int
-    clients: int
-
-
-PROFILES = {
-    "quick": Profile((2000, 8000, 16000, 24000), conversations=4, turns=5, user_tokens=150, output_tokens=64,
-                     clients=2),
-    "full": Profile(DEFAULT_LENGTHS, conversations=10, turns=10, user_tokens=150, output_tokens=300, clients=2),
-}
-
-
-def parse_lengths(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise UsageError(
-            f"--lengths {text!r} is not a list of integers", hint="e.g. --lengths 2000,8000,16000"
-        ) from None
-    if not values:
-        raise UsageError("--lengths is empty", hint="e.g. --lengths 2000,8000,16000")
-    return values
+from pdctl.bench.session import bench as run
+from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
+from pdctl.cli.output import err, out, print_json
+from pdctl.cli.support import topology_path
 
 
 def bench(
-    topology: Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)] = None,
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a topology key for every leg.")] = None,
+    topology: TopologyOpt = None,
+    overrides: SetOpt = None,
     profile: Annotated[
         str, typer.Option(help="Workload defaults: quick (minutes on the simulator), full (the seed's sweep, "
                           "7 lengths x 10 conversations x 10 turns) or agent (agent sessions for --sweep/--slo); "
@@ -96,7 +57,7 @@ def bench(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
     no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the warm-up conversation of each leg.")] = False,
-    as_json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    as_json_out: JsonOpt = False,
     client: Annotated[
         str, typer.Option("--client", help="Where the load player runs: auto (on the router's node when it is "
                           "remote, else here), local (here, through the SSH connection) or router-node.")
@@ -117,80 +78,28 @@ def bench(
                                          "LOW-HIGH (divided by sim.speed on the simulator).")] = "0.5-3",
     arrival_rate: Annotated[float, typer.Option(help="Agent profile: sessions arriving per second (Poisson, "
                                                 "times sim.speed on the simulator); 0: all at once.")] = 1.0,
+    accept_new_host_keys: AcceptOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Multi-turn TTFT sweep, one leg per set of overrides (default: bidirectional KV transfer off, then on).
 
-    Each leg redeploys prefill, decode and router with its overrides, warms up and plays the conversations.
+    Each leg redeploys prefill, decode and router with its overrides (--set applies to every leg), warms up and
+    plays the conversations.
 
     Writes requests.json, legs.json, summary.csv, two plots and report.md to --out; exits 1 when a guard fails.
     """
-    console = Console(stderr=True, soft_wrap=True)
-
-    def prepare() -> BenchOptions:
-        if api not in ("chat", "completions", "responses", "messages"):
-            raise UsageError(f"--api {api!r} is not chat, completions, responses or messages",
-                             hint="pass --api chat, --api completions, --api responses or --api messages")
-        api_kind = cast(Api, api)
-        legs = parse_legs(leg)
-        if no_redeploy and leg and (len(legs) > 1 or any(x.overrides for x in legs)):
-            raise UsageError(
-                "--no-redeploy benches the running deployment as it is; --leg overrides need a redeploy",
-                hint="drop --no-redeploy, or pass at most one --leg NAME without overrides",
-            )
-        cap = None
-        if sweep is not None or slo is not None or profile == "agent":
-            cap = CapacityOptions(
-                AgentSpec(sessions=1, turns=turns or 6, system_tokens=system_tokens,
-                          tool_tokens=Range.parse(tool_tokens, "--tool-tokens"),
-                          output_tokens=output_tokens or 200, think_s=Range.parse(think_s, "--think-s"),
-                          arrival_rate=arrival_rate, seed=seed),
-                sessions=parse_sweep(sweep) if sweep else (), slo=Slo.parse(slo) if slo else Slo())
-            api_kind, profile_name = "completions", "quick"
-        else:
-            profile_name = profile
-        base = _profile(profile_name)
-        spec = WorkloadSpec(
-            lengths=parse_lengths(lengths) if lengths is not None else base.lengths,
-            conversations=conversations if conversations is not None else base.conversations,
-            turns=turns if turns is not None else base.turns,
-            user_tokens=user_tokens if user_tokens is not None else base.user_tokens,
-            output_tokens=output_tokens if output_tokens is not None else base.output_tokens,
-            api=api_kind,
-            seed=seed,
-            source=input_file,
-        )
-        if client not in ("auto", "local", "router-node"):
-            raise UsageError(f"--client {client!r} is not auto, local or router-node", hint="pass --client local")
-        players = clients if clients is not None else base.clients
-        if players < 1 or rate < 0:
-            raise UsageError("--clients must be >= 1 and --rate >= 0")
-        return BenchOptions(
-            topology=topology_path(topology),
-            workload=spec,
-            legs=legs if not (no_redeploy and not leg) else [],
-            clients=players,
-            rate=rate,
-            no_redeploy=no_redeploy,
-            base_overrides=list(overrides or []),
-            warmup=not no_warmup,
-            client=client,  # type: ignore[arg-type]
-            capacity=cap,
-        )
-
-    opts = call(prepare)
-    deployer = None
-    if not opts.no_redeploy:
-        from pdctl.bench.deploy import LifecycleDeployer
-
-        deployer = LifecycleDeployer(console)
-    err.print(call(lambda: _estimate(opts)), highlight=False, markup=False)
-    with make_progress(console, opts.workload.turns) as progress:
-        result = call(lambda: run_bench(opts, deployer, progress))
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = out_dir or Path("bench-out") / f"{result.topology}-{stamp}"
-    files = call(lambda: report.write(result, target))
+    args = BenchArgs(
+        topology=topology_path(topology), overrides=list(overrides or []), profile=profile, lengths=lengths,
+        conversations=conversations, turns=turns, user_tokens=user_tokens, output_tokens=output_tokens,
+        clients=clients, rate=rate, api=api, legs=leg, no_redeploy=no_redeploy, input_file=input_file, seed=seed,
+        warmup=not no_warmup, client=client, sweep=sweep, slo=slo, system_tokens=system_tokens,
+        tool_tokens=tool_tokens, think_s=think_s, arrival_rate=arrival_rate,
+    )
+    opts = bench_options(args, ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts))
+    result, files = run(opts, Console(stderr=True, soft_wrap=True), out_dir)
     if as_json_out:
-        print(json.dumps(as_json(result, files), indent=1))
+        print_json(as_json(result, files), indent=1)
     else:
         print_outcome(result, files, out)
     if not result.passed:
@@ -206,28 +115,9 @@ def bench_play(
     """Internal: play a bench's conversations on this node (pdctl bench runs it on the router's node)."""
     from pdctl.bench.remote_play import play_file as run_play
 
-    call(lambda: run_play(play_file, out_file))
-
-
-def _profile(name: str) -> Profile:
-    if name not in PROFILES:
-        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}, agent",
-                         hint="pass --profile quick, --profile full or --profile agent with --sweep/--slo")
-    return PROFILES[name]
-
-
-def _estimate(opts: BenchOptions) -> str:
-    topo = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
-    legs = 1 if opts.no_redeploy else len(opts.legs)
-    if opts.capacity is not None:
-        points = len(opts.capacity.sessions) or "a search over"
-        return (f"capacity run: {legs} leg(s) x {points} session counts, {opts.capacity.agent.turns} turns per "
-                "session; no time estimate (it depends on where the SLO breaks)")
-    guess = estimate(opts.workload, legs, opts.clients, topo.engine, topo.sim.speed, not opts.no_redeploy)
-    return guess.line(topo.engine == "sim")
+    run_play(play_file, out_file)
 
 
 def register(app: typer.Typer) -> None:
     app.command()(bench)
     app.command("bench-play", hidden=True)(bench_play)
-

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -14,11 +13,8 @@ from pdctl.bench.estimate import estimate
 from pdctl.bench.progress import make_progress
 from pdctl.bench.render import print_outcome
 from pdctl.bench.workload import WorkloadSpec
-from pdctl.cli.bench import parse_lengths
-from pdctl.cli.support import call, err, out
-from pdctl.demo import DemoOptions, run_demo
-from pdctl.errors import UsageError
-from pdctl.state import pdctl_home
+from pdctl.cli.output import err, out, say
+from pdctl.demo import DemoOptions, demo_options, run_demo
 from pdctl.topology import Topology
 
 DEFAULTS = DemoOptions(Path())
@@ -42,29 +38,19 @@ def demo(
     start = time.monotonic()
     console = Console(stderr=True, soft_wrap=True)
 
-    def options() -> DemoOptions:
-        if conversations < 1 or turns < 2 or not speed > 0:
-            raise UsageError("--conversations must be >= 1, --turns >= 2 and --speed > 0",
-                             hint="e.g. pdctl demo --lengths 2000 --turns 2")
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        target = (out_dir or pdctl_home() / "demo" / stamp).expanduser().resolve()
-        return DemoOptions(target, parse_lengths(lengths), conversations, turns, speed=speed)
-
-    opts = call(options)
+    opts = demo_options(out_dir, lengths, conversations, turns, speed)
 
     def announce(topo: Topology, path: Path) -> None:
-        err.print(f"pdctl demo: simulated engines (pdctl.sim), deployment {topo.name}; output in {opts.out}",
-                  highlight=False, markup=False)
-        err.print(f"if it is interrupted, clean up with: pdctl down -t {path}", highlight=False, markup=False)
+        say(err, f"pdctl demo: simulated engines (pdctl.sim), deployment {topo.name}; output in {opts.out}")
+        say(err, f"if it is interrupted, clean up with: pdctl down -t {path}")
         spec = WorkloadSpec(opts.lengths, opts.conversations, opts.turns, opts.user_tokens, opts.output_tokens)
         guess = estimate(spec, legs=2, clients=1, engine="sim", speed=opts.speed, redeploy=True)
-        err.print(guess.line(simulated=True), highlight=False, markup=False)
+        say(err, guess.line(simulated=True))
 
     with make_progress(console, opts.turns) as progress:
-        result, files = call(lambda: run_demo(opts, console, progress, announce))
+        result, files = run_demo(opts, console, progress, announce)
     print_outcome(result, files, out)
-    out.print(f"demo finished in {time.monotonic() - start:.0f} s (results are simulated); output: {opts.out}",
-              highlight=False, markup=False)
+    say(out, f"demo finished in {time.monotonic() - start:.0f} s (results are simulated); output: {opts.out}")
     if not result.passed:
         raise typer.Exit(1)
 

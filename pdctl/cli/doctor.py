@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Annotated
-
 import typer
 
-from pdctl.cli.support import TOPOLOGY_HELP, call, load_topology, out
+from pdctl.cli.errors import call
+from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
+from pdctl.cli.output import out, print_json
+from pdctl.cli.support import load_topology
 from pdctl.lifecycle.doctor import DoctorReport, HostChecks, doctor
-from pdctl.remote.sshconnect import SshOptions
-
-TopologyOpt = Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a topology key (dotted.key=value).")]
 
 
 def doctor_command(
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
-    accept_new_host_keys: Annotated[
-        bool, typer.Option("--accept-new-host-keys", help="Trust and record SSH host keys seen for the first time.")
-    ] = False,
+    as_json: JsonOpt = False,
+    accept_new_host_keys: AcceptOpt = False,
+    ssh_config: SshConfigOpt = None,
+    known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Read every node's state (EFA, GPUs, driver, venv, vLLM/NIXL, model, ports, disk) and say what to fix.
 
@@ -36,7 +31,7 @@ def doctor_command(
         from pdctl.slurm.allocation import bound
 
         topo = bound(load_topology(topology, overrides))
-        options = SshOptions.from_env(accept_new_host_keys=accept_new_host_keys or None)
+        options = ssh_options(accept_new_host_keys, ssh_config, known_hosts)
         with reachable(topo.nodes, options) as (hosts, failed):
             report = doctor(topo, plan(topo), hosts)
         for node, exc in failed.items():
@@ -47,7 +42,7 @@ def doctor_command(
 
     report = call(run)
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
     else:
         out.print(report)
         out.print("[green]all checks pass[/]" if report.ok else "[red]some checks fail[/]: see the last column")

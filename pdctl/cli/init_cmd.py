@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli.support import call, err, out
+from pdctl.cli.output import err, out, say
 from pdctl.errors import UsageError
 from pdctl.examples import examples, write_example
 
@@ -24,21 +24,17 @@ def init(
     """Write a shipped topology to start from (--example NAME -o FILE); without --example, list them."""
     if name is None:
         if output != Path("pdctl.yaml") or force:
-            call(lambda: _needs_example())
+            raise UsageError("-o/--force need --example NAME", hint="`pdctl init` lists the examples")
         shown = examples()
         width = max(len(e.name) for e in shown)
         for e in shown:
-            out.print(f"{e.name:<{width}}  {e.summary}", highlight=False, markup=False)
-        err.print("write one with: pdctl init --example NAME [-o FILE]", highlight=False, markup=False)
+            say(out, f"{e.name:<{width}}  {e.summary}")
+        say(err, "write one with: pdctl init --example NAME [-o FILE]")
         return
-    chosen = call(lambda: write_example(name, output, force))
-    out.print(f"wrote {output} ({chosen.name}: {chosen.summary})", highlight=False, markup=False)
+    chosen = write_example(name, output, force)
+    say(out, f"wrote {output} ({chosen.name}: {chosen.summary})")
     hint = "" if output == Path("pdctl.yaml") else f" -t {output}"
-    out.print(f"next: pdctl validate{hint}", highlight=False, markup=False)
-
-
-def _needs_example() -> None:
-    raise UsageError("-o/--force need --example NAME", hint="`pdctl init` lists the examples")
+    say(out, f"next: pdctl validate{hint}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,23 +1,27 @@
-"""The `pdctl` command line: parse, call the library, render. Nothing else lives here."""
+"""The `pdctl` app: the root group (every command runs inside the error boundary), `validate` and `plan`, and
+the registration of each command group's module."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from pdctl import __version__
-from pdctl.cli.support import DEBUG, TOPOLOGY_HELP, call, load_topology, out
+from pdctl.cli.errors import DEBUG, reported
+from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
+from pdctl.cli.output import out, say
+from pdctl.cli.support import load_topology
 from pdctl.plan import plan as make_plan
 from pdctl.plan_view import plan_json, render_plan
 
 
-class _Root(TyperGroup):
-    """`--debug` works anywhere on the line: it is moved in front of the subcommand, where the callback reads it."""
+class RootGroup(TyperGroup):
+    """`--debug` works anywhere on the line: it is moved in front of the subcommand, where the callback reads it.
+    Every subcommand, nested groups included, is invoked inside the one error boundary."""
 
     def main(
         self,
@@ -34,21 +38,18 @@ class _Root(TyperGroup):
             argv = ["--debug", *(x for x in argv[:cut] if x != "--debug"), *argv[cut:]]
         return super().main(argv, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
 
+    def invoke(self, ctx: Any) -> Any:
+        with reported():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
-    cls=_Root,
+    cls=RootGroup,
     help="Run prefill/decode disaggregated vLLM with bidirectional KV transfer, from one YAML topology.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-TopologyOpt = Annotated[Path | None, typer.Option("--topology", "-t", help=TOPOLOGY_HELP, show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a topology key, e.g. --set connector.bidirectional_kv_xfer=false."),
-]
 
 
 def _version(asked: bool) -> None:
@@ -59,7 +60,7 @@ def _version(asked: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (accepted anywhere on the line).")] = False,
+    debug: DebugOpt = False,
     version: Annotated[
         bool, typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_version)
     ] = False,
@@ -70,7 +71,7 @@ def _root(
 @app.command()
 def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
     """Check a topology file and report every problem with its file:line."""
-    topo = call(lambda: load_topology(topology, overrides))
+    topo = load_topology(topology, overrides)
     out.print(
         f"[green]ok[/] {topo.name}: {len(topo.prefill)} prefill, {len(topo.decode)} decode, "
         f"engine {topo.engine}, {len(topo.nodes)} node(s)"
@@ -80,12 +81,12 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
 @app.command()
 def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
-    topo = call(lambda: load_topology(topology, overrides))
+    topo = load_topology(topology, overrides)
     if topo.slurm is not None:
         from pdctl.slurm.commands import planned_topology
 
         topo = planned_topology(topo)
-    specs = call(lambda: make_plan(topo))
+    specs = make_plan(topo)
     if as_json:
         print(plan_json(specs))
         return
@@ -94,7 +95,7 @@ def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOp
 
         out.print("[bold]slurm[/]: the holder job, then one step per process", highlight=False)
         for line in plan_lines(topo, [(s.name, s.node) for s in specs]):
-            out.print(line, highlight=False, markup=False, soft_wrap=True)
+            say(out, line)
     render_plan(specs, out)
 
 

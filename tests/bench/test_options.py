@@ -1,0 +1,57 @@
+"""`bench_options`: the command line's values checked and turned into `BenchOptions`, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdctl.bench.legs import DEFAULT_LEGS, LegSpec
+from pdctl.bench.options import PROFILES, BenchArgs, bench_options, estimate_line
+from pdctl.bench.workload import WorkloadSpec
+from pdctl.errors import UsageError
+from pdctl.remote.sshconnect import SshOptions
+
+TOPO = Path(__file__).parents[2] / "configs" / "local-sim.yaml"
+
+
+def test_the_profile_fills_what_is_not_given_and_ssh_passes_through(tmp_path: Path) -> None:
+    ssh = SshOptions(ssh_config=tmp_path / "config", known_hosts=tmp_path / "known")
+    opts = bench_options(BenchArgs(TOPO, overrides=["sim.speed=50"], turns=3, clients=1), ssh=ssh)
+    quick = PROFILES["quick"]
+    assert opts.workload == WorkloadSpec(lengths=quick.lengths, conversations=quick.conversations, turns=3,
+                                         user_tokens=quick.user_tokens, output_tokens=quick.output_tokens)
+    assert (opts.clients, opts.legs, opts.base_overrides, opts.ssh) == (1, list(DEFAULT_LEGS), ["sim.speed=50"], ssh)
+    assert (opts.no_redeploy, opts.warmup, opts.client, opts.capacity) == (False, True, "auto", None)
+
+
+def test_a_sweep_is_a_capacity_run_on_token_ids() -> None:
+    opts = bench_options(BenchArgs(TOPO, api="chat", sweep="sessions=1,2", turns=4))
+    assert opts.capacity is not None and opts.capacity.sessions == (1, 2)
+    assert opts.capacity.agent.turns == 4 and opts.workload.api == "completions"
+    assert estimate_line(opts) == (
+        "capacity run: 2 leg(s) x 2 session counts, 4 turns per session; no time estimate (it depends on where "
+        "the SLO breaks)"
+    )
+
+
+def test_no_redeploy_benches_the_running_deployment_as_one_leg() -> None:
+    assert bench_options(BenchArgs(TOPO, no_redeploy=True)).legs == []
+    assert bench_options(BenchArgs(TOPO, no_redeploy=True, legs=["now"])).legs == [LegSpec("now", ())]
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (BenchArgs(TOPO, api="grpc"), "--api 'grpc' is not chat, completions, responses or messages",
+         "pass --api chat, --api completions, --api responses or --api messages"),
+        (BenchArgs(TOPO, client="there"), "--client 'there' is not auto, local or router-node",
+         "pass --client local"),
+        (BenchArgs(TOPO, clients=0), "--clients must be >= 1 and --rate >= 0", ""),
+        (BenchArgs(TOPO, lengths=""), "--lengths is empty", "e.g. --lengths 2000,8000,16000"),
+    ],
+)
+def test_bad_values_are_usage_errors(args: BenchArgs, message: str, hint: str) -> None:
+    with pytest.raises(UsageError) as info:
+        bench_options(args)
+    assert (info.value.message, info.value.hint, info.value.exit_code) == (message, hint, 2)
