@@ -16,16 +16,16 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from pdctl.router import decode, placement, prefill
+from pdctl.router import decode, placement, prefill, wire
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.conversation import Derivation, explicit_id, new_id
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.handles import NOT_ELIGIBLE, Handle, Taken
+from pdctl.router.handles import Handle, Taken
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
-from pdctl.router.verify import LOCAL_REASON, Verdict, as_tokens, hit_params, matching_blocks, miss, verify
+from pdctl.router.verify import Verdict, as_tokens, hit_params, matching_blocks, miss, verify
 
 log = logging.getLogger("pdctl.router")
 
@@ -106,9 +106,9 @@ def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdic
     if h is None:
         return miss(taken.reason)
     if not state.config.verify_prefix:
-        return Verdict("hit", "unverified", h.num_tokens, hit_params(h.params))
+        return Verdict("hit", wire.UNVERIFIED, h.num_tokens, hit_params(h.params))
     if ids is None:
-        return miss("tokenize_failed")
+        return miss(wire.TOKENIZE_FAILED)
     return verify(h.params, h.tokens, ids, state.config.block_size, state.config.partial_reuse)
 
 
@@ -169,7 +169,7 @@ async def _completion(state: RouterState, scope: Scope, receive: Receive, send: 
         return
     if not await admit(state.decode_gate, send):
         return
-    taken = state.handles.take(cid, state.stale) if cid else Taken(None, NOT_ELIGIBLE)
+    taken = state.handles.take(cid, state.stale) if cid else Taken(None, wire.NOT_ELIGIBLE)
     try:
         await _turn(state, scope, receive, send, rid, chat, body, cid, derivation, taken, started)
     finally:
@@ -208,7 +208,7 @@ async def _turn(
             state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
         state.metrics.prefill_seconds.observe(pre.ms / 1000)
         log.info("[%s] Prefill done in %.0fms (kv %s)", rid, pre.ms, v.header)
-        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), (b"x-pd-kv-reuse", v.header.encode()),
+        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), v.reuse.raw(),
                    (b"x-pd-router-in-ms", f"{in_ms:.1f}".encode())]
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
@@ -236,7 +236,7 @@ async def _turn(
             await send_error(send, 503, _unavailable(state.prefill), headers)
             return
         p = nxt
-        verdict = miss("prefill_redone") if verdict.outcome != "miss" else verdict
+        verdict = miss(wire.PREFILL_REDONE) if verdict.outcome != "miss" else verdict
 
 
 async def _local_turn(
@@ -251,16 +251,16 @@ async def _local_turn(
     d, cached = local
     h = taken.handle
     assert h is not None
-    header = f"hit;tokens={cached};reason={LOCAL_REASON}"
-    headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
+    reuse = wire.Reuse("hit", cached, wire.DECODE_LOCAL)
+    headers = [(b"x-pd-prefill-ms", b"0.0"), reuse.raw()]
     res = await decode.run(state, receive, send, scope["path"], rid, chat, body, None, h.decode_url, headers,
                            started, only=d)
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False
-    state.metrics.reuse_outcome("hit", LOCAL_REASON, cached, True)
+    state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, cached, True)
     state.metrics.local_turn()
-    log.info("[%s] Ran on the decode alone (kv %s)", rid, header)
+    log.info("[%s] Ran on the decode alone (kv %s)", rid, reuse.header)
     capture = res.capture
     computed = capture.computed_tokens() if capture is not None else None
     key = derivation.reply_key(capture.reply(), capture.output_ids) if capture and derivation else None
@@ -272,7 +272,7 @@ async def _local_turn(
 def _keep(state: RouterState, cid: str, derivation: Derivation | None, capture: Capture, d: Upstream) -> None:
     """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation."""
     if capture.params is None:
-        state.handles.mark(cid, "no_handle_returned")
+        state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
         return
     state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
