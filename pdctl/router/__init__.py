@@ -1,6 +1,7 @@
 """pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances.
 
 Modules, one concept each:
+    wire          the public signals: X-PD-* headers and their reasons, the /stats document (RouterStats)
     config        RouterConfig: every knob, with defaults
     jsonx         fast JSON (orjson when installed)
     conversation  which conversation a request belongs to (explicit id or derived from the history)
