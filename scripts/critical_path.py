@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdctl.bench import report, stages
 from pdctl.bench.client import ClientOptions, play
-from pdctl.bench.collect import nixl_delta, parse_prometheus
+from pdctl.bench.collect import nixl_delta
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.workload import Conversation, WorkloadSpec, build
+from pdctl.engine_metrics import parse_prometheus
 from scripts import router_bench
 from scripts.router_bench import free_port, wait_health
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from pdctl.bench.collect import parse_ms, parse_reuse
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.workload import Api, Conversation
+from pdctl.router import wire
 from pdctl.secret import bearer
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
@@ -107,12 +107,12 @@ async def send(
         async with client.stream("POST", PATHS[opts.api], json=body, headers=headers) as resp:
             rec.status = resp.status_code
             rec.request_id = resp.headers.get("x-request-id")
-            rec.prefill_ms = parse_ms(resp.headers.get("x-pd-prefill-ms"))
-            rec.router_in_ms = parse_ms(resp.headers.get("x-pd-router-in-ms"))
-            rec.decode_ms = parse_ms(resp.headers.get("x-pd-decode-ms"))
-            reuse = parse_reuse(resp.headers.get("x-pd-kv-reuse"))
-            if reuse is not None:
-                rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason
+            rec.prefill_ms = wire.parse_ms(resp.headers.get(wire.PREFILL_MS_HEADER))
+            rec.router_in_ms = wire.parse_ms(resp.headers.get(wire.ROUTER_IN_MS_HEADER))
+            rec.decode_ms = wire.parse_ms(resp.headers.get(wire.DECODE_MS_HEADER))
+            reuse = wire.Reuse.parse(resp.headers.get(wire.REUSE_HEADER))
+            if reuse.outcome != "absent":
+                rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason or None
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             else:

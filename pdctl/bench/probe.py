@@ -9,13 +9,15 @@ from collections.abc import Mapping
 
 import httpx
 
-from pdctl.bench.collect import Samples, has_nixl, kv_from_log, nixl_delta, parse_prometheus
+from pdctl.bench.collect import kv_from_log, nixl_delta
 from pdctl.bench.legs import Endpoints
 from pdctl.bench.records import KvTransfer
+from pdctl.engine_metrics import KV_LOG_NEEDLE, Samples, has_nixl, parse_prometheus
 from pdctl.errors import LaunchError
 from pdctl.lifecycle.launch import health
 from pdctl.remote.base import Transport
 from pdctl.remote.shell import expand_home
+from pdctl.router.wire import RouterStats
 
 TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -38,11 +40,12 @@ def healthy(transport: Transport, url: str) -> bool:
     return health(transport, f"{url}/health", timeout=3.0) == "ok"
 
 
-def router_stats(transport: Transport, url: str) -> dict[str, object] | None:
+def router_stats(transport: Transport, url: str) -> RouterStats | None:
+    """None when the router does not answer its /stats, or answers something else (the leg records nothing)."""
     try:
         with httpx.Client(timeout=TIMEOUT, transport=transport.http()) as client:
             resp = client.get(f"{url}/stats")
-        return resp.json() if resp.status_code == 200 else None
+        return RouterStats.from_json(resp.json()) if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -117,5 +120,5 @@ class KvMeter:
         transport = self.transports.get(node)
         if transport is None:
             return []
-        res = transport.run(f"tail -n +{since + 1} {expand_home(path)} 2>/dev/null | grep -F 'KV Transfer metrics'")
+        res = transport.run(f"tail -n +{since + 1} {expand_home(path)} 2>/dev/null | grep -F '{KV_LOG_NEEDLE}'")
         return res.stdout.splitlines()

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pdctl.router.wire import RouterStats
+
 
 @dataclass
 class RequestRecord:
@@ -91,7 +93,7 @@ class LegResult:
     kv: KvTransfer = field(default_factory=KvTransfer)
     kv_by_length: dict[int, KvTransfer] = field(default_factory=dict)
     pull_by_length: dict[int, KvTransfer] = field(default_factory=dict)  # the decodes' P->D pulls
-    router_stats: dict[str, Any] | None = None
+    router_stats: RouterStats | None = None  # the router's /stats at the end of the leg
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     mode: str = "disaggregated"  # aggregated: one engine serving whole requests, the baseline
@@ -114,7 +116,7 @@ class LegResult:
             "kv_transfer": asdict(self.kv),
             "kv_transfer_by_length": {str(k): asdict(v) for k, v in self.kv_by_length.items()},
             "decode_pull_by_length": {str(k): asdict(v) for k, v in self.pull_by_length.items()},
-            "router_stats": self.router_stats,
+            "router_stats": self.router_stats.to_json() if self.router_stats is not None else None,
             "requests": len(self.records),
             **({"capacity": self.capacity} if self.capacity else {}),
         }

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pdctl.bench.records import LegResult, RequestRecord
-from pdctl.router.verify import LOCAL_REASON
+from pdctl.router.wire import DECODE_LOCAL
 
 METRICS = ("ttft_ms", "tpot_ms", "latency_ms", "prefill_ms")
 
@@ -27,7 +27,7 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 @dataclass(frozen=True)
-class Reuse:
+class ReuseCounts:
     eligible: int
     hit: int
     partial: int
@@ -40,17 +40,17 @@ class Reuse:
         return (self.hit + self.partial) / self.eligible if self.eligible else math.nan
 
 
-def reuse_counts(records: Iterable[RequestRecord]) -> Reuse:
+def reuse_counts(records: Iterable[RequestRecord]) -> ReuseCounts:
     """Reuse outcomes of the successful warm turns (the ones that could have reused KV)."""
     warm = [r for r in records if r.turn >= 1 and r.ok]
     outcomes = [r.reuse for r in warm]
-    return Reuse(
+    return ReuseCounts(
         eligible=len(warm),
         hit=outcomes.count("hit"),
         partial=outcomes.count("partial"),
         miss=outcomes.count("miss"),
         unknown=sum(1 for o in outcomes if o not in ("hit", "partial", "miss")),
-        local=sum(1 for r in warm if r.reuse_reason == LOCAL_REASON),
+        local=sum(1 for r in warm if r.reuse_reason == DECODE_LOCAL),
     )
 
 

@@ -11,6 +11,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from pdctl import engine_metrics as em
 from pdctl.errors import LaunchError
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
@@ -87,15 +88,13 @@ def check_launched(topo: Topology, engines: Sequence[ProcessSpec], hosts: Mappin
 SHARED_GPU_MIN_GBPS = 2.0
 """Below this, instances sharing a GPU move KV on UCX's TCP fallback (0.41-0.49 GB/s measured on one H200), not
 CUDA IPC (58 GB/s and more): docs/results/h200-1gpu/nixl-same-gpu."""
-KV_METRICS_NEEDLE = "KV Transfer metrics"
 
 
 def kv_rate_gbps(log_text: str) -> float | None:
     """GB/s of every `KV Transfer metrics` line in one engine's log (bytes over transfer time); None without any."""
-    from pdctl.bench.collect import kv_from_log
-
-    kv = kv_from_log(line for line in log_text.splitlines() if KV_METRICS_NEEDLE in line)
-    return kv.bytes / kv.xfer_ms / 1e6 if kv.transfers and kv.xfer_ms > 0 else None
+    kv = em.kv_log_samples(line for line in log_text.splitlines() if em.KV_LOG_NEEDLE in line)
+    transfers, seconds = kv.get(em.NIXL_XFER_COUNT, 0.0), kv.get(em.NIXL_XFER_SECONDS, 0.0)
+    return kv.get(em.NIXL_BYTES, 0.0) / seconds / 1e9 if transfers and seconds > 0 else None
 
 
 def shared_gpu_problem(topo: Topology, logs: Mapping[str, str]) -> tuple[float | None, str | None]:
@@ -125,7 +124,7 @@ def check_shared_gpu_rate(
     import time
 
     specs = [s for s in engines if s.role != "router"]
-    pattern = f"-e {shlex.quote(START_MARK)} -e {shlex.quote(KV_METRICS_NEEDLE)}"
+    pattern = f"-e {shlex.quote(START_MARK)} -e {shlex.quote(em.KV_LOG_NEEDLE)}"
     deadline = time.monotonic() + wait_s
     while True:
         logs = {s.name: hosts[s.node].run(

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from pdctl.errors import SmokeTestError
 from pdctl.remote.base import Transport
+from pdctl.router import wire
+from pdctl.router.wire import Reuse, RouterStats
 from pdctl.secret import bearer
 from pdctl.topology import Topology
 
-HEADER = "x-pd-kv-reuse"
 # Long enough that turn 2's history is well over kv_recompute_threshold tokens on any tokenizer.
 FIRST = (
     "We are testing a disaggregated serving deployment. "
@@ -31,22 +32,6 @@ SECOND = "Now name the last word of the list."
 
 
 @dataclass(frozen=True)
-class Reuse:
-    kind: str
-    tokens: int
-    reason: str
-
-    @classmethod
-    def parse(cls, header: str | None) -> Reuse:
-        if not header:
-            return cls("absent", 0, "no X-PD-KV-Reuse header")
-        kind, *params = header.split(";")
-        fields = dict(p.strip().split("=", 1) for p in params if "=" in p)
-        tokens = fields.get("tokens", "0")
-        return cls(kind.strip(), int(tokens) if tokens.isdigit() else 0, fields.get("reason", ""))
-
-
-@dataclass(frozen=True)
 class SmokeResult:
     conversation_id: str
     turn1: Reuse
@@ -54,7 +39,10 @@ class SmokeResult:
     required_hit: bool
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As the state file has always held it (a turn's outcome under `kind`)."""
+        turns = {f"turn{n}": {"kind": t.outcome, "tokens": t.tokens, "reason": t.reason}
+                 for n, t in ((1, self.turn1), (2, self.turn2))}
+        return {"conversation_id": self.conversation_id, **turns, "required_hit": self.required_hit}
 
 
 def smoke_test(topo: Topology, router_url: str, transport: Transport, timeout: float = 120.0) -> SmokeResult:
@@ -70,7 +58,7 @@ def smoke_test(topo: Topology, router_url: str, transport: Transport, timeout: f
         stats = _stats(client)
     required = topo.mode != "aggregated" and any(topo.connector_for(d).bidirectional_kv_xfer for d in topo.decode)
     result = SmokeResult(cid, turn1, turn2, required)
-    if required and turn2.kind != "hit":
+    if required and turn2.outcome != "hit":
         raise SmokeTestError(_diagnose(topo, result, stats), hint=_HINT)
     return result
 
@@ -107,7 +95,7 @@ def _turn(
             f"smoke test turn {n}: not a chat completion stream: {text[:300]}",
             hint="is the router's upstream a vLLM-compatible server? `pdctl logs router`",
         )
-    return reply, Reuse.parse(resp.headers.get(HEADER))
+    return reply, Reuse.parse(resp.headers.get(wire.REUSE_HEADER))
 
 
 def _streamed_content(text: str) -> str | None:
@@ -129,18 +117,17 @@ def _streamed_content(text: str) -> str | None:
     return "".join(parts) if chunks else None
 
 
-def _stats(client: httpx.Client) -> dict[str, Any]:
+def _stats(client: httpx.Client) -> RouterStats | None:
     try:
-        data = client.get("/stats").json()
-        return data if isinstance(data, dict) else {}
+        return RouterStats.from_json(client.get("/stats").json())
     except (httpx.HTTPError, ValueError):
-        return {}
+        return None
 
 
-def _diagnose(topo: Topology, result: SmokeResult, stats: dict[str, Any]) -> str:
+def _diagnose(topo: Topology, result: SmokeResult, stats: RouterStats | None) -> str:
     t2 = result.turn2
     lines = [
-        f"smoke test: turn 2 of conversation {result.conversation_id} was `{t2.kind}`"
+        f"smoke test: turn 2 of conversation {result.conversation_id} was `{t2.outcome}`"
         f"{f' ({t2.reason})' if t2.reason else ''}, not a reuse hit, although "
         "connector.bidirectional_kv_xfer is on.",
         "Likely causes:",
@@ -160,23 +147,22 @@ def _diagnose(topo: Topology, result: SmokeResult, stats: dict[str, Any]) -> str
     specific = next((text for key, text in _BY_REASON.items() if key in t2.reason), None)
     if specific:
         lines.insert(1, f"Most likely: {specific}.")
-    reasons = stats.get("reuse_reasons")
-    if reasons:
-        lines.append(f"router reuse reasons so far: {reasons}")
+    if stats is not None and stats.reuse_reasons:
+        lines.append(f"router reuse reasons so far: {dict(stats.reuse_reasons)}")
     return "\n".join(lines)
 
 
 # The router's miss reasons (X-PD-KV-Reuse reason=...) -> what usually causes them.
 _BY_REASON = {
-    "no_handle_returned": "decode returned no kv_transfer_params at the end of its stream (vLLM < 0.33.0 "
+    wire.NO_HANDLE_RETURNED: "decode returned no kv_transfer_params at the end of its stream (vLLM < 0.33.0 "
     "without pdctl's compatibility patch, or bidirectional_kv_xfer off on decode)",
-    "expired": "decode's handle expired before turn 2 (router.handle_ttl or connector.decoder_kv_blocks_ttl "
+    wire.EXPIRED: "decode's handle expired before turn 2 (router.handle_ttl or connector.decoder_kv_blocks_ttl "
     "too short for this deployment)",
-    "previous_turn_failed": "turn 1's KV transfer failed (NIXL side channel unreachable, or backend "
+    wire.PREVIOUS_TURN_FAILED: "turn 1's KV transfer failed (NIXL side channel unreachable, or backend "
     "misconfigured); see `pdctl status` NIXL failures and the engine logs",
-    "prefix_diverged": "turn 2's prompt did not extend turn 1's tokens (chat template or tokenizer differs "
+    wire.PREFIX_DIVERGED: "turn 2's prompt did not extend turn 1's tokens (chat template or tokenizer differs "
     "between router and engines)",
-    "new_conversation": "the router did not tie the two turns together (conversation_id not honoured)",
+    wire.NEW_CONVERSATION: "the router did not tie the two turns together (conversation_id not honoured)",
 }
 
 _HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from pdctl import engine_metrics as em
 from pdctl.errors import PdctlError
 from pdctl.facts.base import layout_for, layouts_from_env, read
 from pdctl.facts.gpu import GpuProcesses
@@ -25,21 +25,22 @@ from pdctl.remote.fanout import parallel
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
+from pdctl.router.wire import RouterStats
 from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology
 
-# Prometheus sample name (counters without their _total suffix added by the parser) -> EngineMetrics field
+# Prometheus sample name -> EngineMetrics field (a counter may come without its _total suffix)
 _SAMPLES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_cache_usage",
-    "vllm:nixl_xfer_time_seconds_count": "nixl_transfers",
-    "vllm:nixl_bytes_transferred_sum": "nixl_bytes",
-    "vllm:nixl_num_failed_transfers_total": "nixl_failures",
-    "vllm:nixl_num_failed_transfers": "nixl_failures",
-    "vllm:nixl_num_kv_expired_reqs_total": "kv_expired",
-    "vllm:nixl_num_kv_expired_reqs": "kv_expired",
+    em.RUNNING: "running",
+    em.WAITING: "waiting",
+    em.KV_CACHE_USAGE: "kv_cache_usage",
+    em.NIXL_XFER_COUNT: "nixl_transfers",
+    em.NIXL_BYTES: "nixl_bytes",
+    em.NIXL_FAILED: "nixl_failures",
+    em.NIXL_FAILED.removesuffix("_total"): "nixl_failures",
+    em.NIXL_EXPIRED: "kv_expired",
+    em.NIXL_EXPIRED.removesuffix("_total"): "kv_expired",
 }
 
 
@@ -215,11 +216,10 @@ def engine_metrics(transport: Transport, url: str) -> EngineMetrics | None:
 def parse_metrics(text: str) -> EngineMetrics:
     """Sum every sample of the metrics pdctl shows (vLLM labels them per engine and model)."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = _SAMPLES.get(sample.name)
-            if name is not None:
-                values[name] = values.get(name, 0.0) + float(sample.value)
+    for sample, value in em.parse_prometheus(text).items():
+        name = _SAMPLES.get(sample)
+        if name is not None:
+            values[name] = values.get(name, 0.0) + value
     return EngineMetrics(**values)
 
 
@@ -229,17 +229,14 @@ def router_stats(transport: Transport, url: str) -> RouterStatus:
             data = client.get(f"{url}/stats").json()
     except (httpx.HTTPError, ValueError) as exc:
         return RouterStatus(url, error=type(exc).__name__)
-    reuse = data.get("reuse") or {}
+    try:
+        stats = RouterStats.from_json(data)
+    except ValueError as exc:
+        return RouterStatus(url, error=str(exc))
     return RouterStatus(
-        url=url,
-        requests_total=int(data.get("requests_total", 0)),
-        hit=int(reuse.get("hit", 0)),
-        partial=int(reuse.get("partial", 0)),
-        miss=int(reuse.get("miss", 0)),
-        hit_rate=float(data.get("hit_rate") or 0.0),
-        reused_tokens_total=int(data.get("reused_tokens_total", 0)),
-        local_turns=int(data.get("local_turns", 0)),
-        live_handles=int(data.get("live_handles", 0)),
+        url=url, requests_total=stats.requests_total, hit=stats.hit, partial=stats.partial, miss=stats.miss,
+        hit_rate=stats.hit_rate, reused_tokens_total=stats.reused_tokens_total, local_turns=stats.local_turns,
+        live_handles=stats.live_handles,
     )
 
 

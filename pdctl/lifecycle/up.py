@@ -126,7 +126,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
                 raise SmokeTestError(exc.message, hint=STOPPED_HINT) from None
             state.smoke = result.to_json()
             store.save(state)
-            console.print(f"smoke test: turn 1 {result.turn1.kind}, turn 2 [green]{result.turn2.kind}[/] "
+            console.print(f"smoke test: turn 1 {result.turn1.outcome}, turn 2 [green]{result.turn2.outcome}[/] "
                           f"({result.turn2.tokens} tokens reused)")
             rate = nixl_check.check_shared_gpu_rate(topo, engines, hosts)  # one GPU shared: not the TCP fallback
             if rate is not None:

@@ -1,6 +1,7 @@
 """pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances.
 
 Modules, one concept each:
+    wire          the public signals: X-PD-* headers and their reasons, the /stats document (RouterStats)
     config        RouterConfig: every knob, with its default and help
     options       RouterConfig's fields as `router serve` options
     jsonx         fast JSON (orjson when installed)

@@ -19,14 +19,13 @@ from typing import Any
 
 from starlette.types import Message, Receive, Send
 
-from pdctl.router import decode, jsonx, proxy
+from pdctl.router import decode, jsonx, proxy, wire
 from pdctl.router.context import RequestContext
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.state import RouterState
 
 MAX_PROMPTS = 256
-N_REASON = "n_gt_1"
 
 
 def prompts(body: dict[str, Any]) -> list[Any] | None:
@@ -96,7 +95,7 @@ async def completions(state: RouterState, ctx: RequestContext, receive: Receive,
 def _headers(outs: list[_Collect]) -> list[tuple[bytes, bytes]]:
     ms = max(float(o.header(b"x-pd-prefill-ms") or 0) for o in outs)
     return [(b"x-pd-prefill-ms", f"{ms:.1f}".encode()),
-            (b"x-pd-kv-reuse", b", ".join(o.header(b"x-pd-kv-reuse") for o in outs))]
+            (wire.REUSE_HEADER.encode(), b", ".join(o.header(wire.REUSE_HEADER.encode()) for o in outs))]
 
 
 async def _streamed(state: RouterState, ctx: RequestContext, receive: Receive, send: Send, batch: list[Any]) -> None:
@@ -186,13 +185,13 @@ async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, se
     if not state.decode.healthy():
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
-    headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", f"miss;tokens=0;reason={N_REASON}".encode())]
+    headers = [(b"x-pd-prefill-ms", b"0.0"), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
     if not await proxy.admit(state.decode_gate, send, headers):
         return
     try:
         res = await decode.run(state, ctx, receive, send, None, headers)
     finally:
         state.decode_gate.release()
-    state.metrics.reuse_outcome("miss", N_REASON, 0, False)
+    state.metrics.reuse_outcome("miss", wire.N_GT_1, 0, False)
     if not res.sent:
         await send_error(send, 502, "no working decode instance could serve the request", headers)

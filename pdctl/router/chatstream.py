@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdctl.router.wire import REUSE_HEADER, Reuse
+
 
 @dataclass(frozen=True)
 class Reasoning:
@@ -136,8 +138,6 @@ def _usage(obj: dict[str, Any]) -> list[Event]:
 def reused_tokens(headers: list[tuple[bytes, bytes]]) -> int:
     """The prompt tokens the router reused this turn (from its X-PD-KV-Reuse header): the APIs' cached tokens."""
     for k, v in headers:
-        if k.lower() == b"x-pd-kv-reuse":
-            for field_ in v.decode("latin-1").split(";"):
-                if field_.startswith("tokens=") and field_[7:].isdigit():
-                    return int(field_[7:])
+        if k.lower() == REUSE_HEADER.encode():
+            return Reuse.parse(v.decode("latin-1")).tokens
     return 0

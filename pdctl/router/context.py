@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from pdctl.router.handles import NOT_ELIGIBLE, Taken
+from pdctl.router.handles import Taken
+from pdctl.router.wire import NOT_ELIGIBLE
 
 if TYPE_CHECKING:
     from pdctl.router.conversation import Derivation

@@ -21,10 +21,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-NEW_CONVERSATION = "new_conversation"
-NOT_ELIGIBLE = "not_eligible"
-IN_USE = "handle_in_use"
-RESTARTED = "decode_restarted"
+from pdctl.router.wire import DECODE_RESTARTED as RESTARTED
+from pdctl.router.wire import EVICTED, EXPIRED, NEW_CONVERSATION, NOT_ELIGIBLE, PREVIOUS_TURN_FAILED
+from pdctl.router.wire import HANDLE_IN_USE as IN_USE
 
 Stale = Callable[["Handle"], bool]
 
@@ -95,7 +94,7 @@ class HandleTable:
         while len(self._live) > self.max_size:
             _, evicted = self._live.popitem(last=False)
             self._dropped(evicted)
-            self.mark(evicted.conversation, "evicted")
+            self.mark(evicted.conversation, EVICTED)
 
     def take(self, cid: str, stale: Stale | None = None) -> Taken:
         """Remove and return the conversation's handle if it is still alive, else why there is none.
@@ -105,13 +104,13 @@ class HandleTable:
         if handle is not None:
             self._dropped(handle)
             if self.clock() >= handle.deadline:
-                self.mark(cid, "expired")
-                return Taken(None, "expired")
+                self.mark(cid, EXPIRED)
+                return Taken(None, EXPIRED)
             if stale is not None and stale(handle):
                 self.mark(cid, RESTARTED)
                 return Taken(None, RESTARTED)
             self._leased[cid] = self._leased.get(cid, 0) + 1
-            self.mark(cid, "previous_turn_failed")
+            self.mark(cid, PREVIOUS_TURN_FAILED)
             return Taken(handle, "")
         if cid in self._leased:
             return Taken(None, IN_USE)
@@ -135,7 +134,7 @@ class HandleTable:
     def sweep(self, stale: Stale | None = None) -> int:
         """Drop every expired handle, and every one `stale` says its decode may have lost; return how many."""
         now = self.clock()
-        gone = [(cid, "expired" if now >= h.deadline else RESTARTED) for cid, h in self._live.items()
+        gone = [(cid, EXPIRED if now >= h.deadline else RESTARTED) for cid, h in self._live.items()
                 if now >= h.deadline or (stale is not None and stale(h))]
         for cid, reason in gone:
             self._dropped(self._live.pop(cid))

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from pdctl import __version__
 from pdctl.router.upstreams import Pool
+from pdctl.router.wire import RouterStats, UpstreamStats
 
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -64,21 +65,22 @@ class RouterMetrics:
         self.upstream_errors.labels(role, kind).inc()
 
     def stats(self, live_handles: int, prefill: Pool, decode: Pool) -> dict[str, object]:
+        """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
-        return {
-            "requests_total": self.requests_total,
-            "reuse": dict(self.outcomes),
-            "reuse_reasons": dict(self.reasons),
-            "reused_tokens_total": self.reused_tokens_total,
-            "local_turns": self.local_turns_total,
-            "hit_rate": round(reused / self.eligible, 4) if self.eligible else 0.0,
-            "eligible_turns": self.eligible,
-            "live_handles": live_handles,
-            "prefill": prefill.snapshot(),
-            "decode": decode.snapshot(),
-            "uptime_s": round(time.monotonic() - self.started, 3),
-            "version": __version__,
-        }
+        return RouterStats(
+            requests_total=self.requests_total,
+            reuse=dict(self.outcomes),
+            reuse_reasons=dict(self.reasons),
+            reused_tokens_total=self.reused_tokens_total,
+            local_turns=self.local_turns_total,
+            hit_rate=round(reused / self.eligible, 4) if self.eligible else 0.0,
+            eligible_turns=self.eligible,
+            live_handles=live_handles,
+            prefill=_upstreams(prefill),
+            decode=_upstreams(decode),
+            uptime_s=round(time.monotonic() - self.started, 3),
+            version=__version__,
+        ).to_json()
 
     def exposition(self, live_handles: int, prefill: Pool, decode: Pool) -> bytes:
         self.live_handles.set(live_handles)
@@ -86,3 +88,7 @@ class RouterMetrics:
             for i, u in enumerate(pool.members):
                 self.healthy.labels(pool.role, str(i)).set(1 if u.healthy else 0)
         return generate_latest(self.registry)
+
+
+def _upstreams(pool: Pool) -> tuple[UpstreamStats, ...]:
+    return tuple(UpstreamStats(u.url, u.healthy, u.outstanding, u.failures, u.generation) for u in pool.members)

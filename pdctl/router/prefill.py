@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from pdctl.router import jsonx
+from pdctl.router import jsonx, wire
 from pdctl.router.context import RequestContext
 from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.state import RouterState
@@ -148,7 +148,7 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
         log.warning("[%s] prefill failed (%s)%s%s", rid, kind, " reading a decode handle" if with_handle else "",
                     "; retrying" + (" as a miss" if with_handle else "") if attempt == 0 else "")
         if with_handle:
-            verdict = miss("prefill_failed")
+            verdict = miss(wire.PREFILL_FAILED)
         nxt = state.prefill_policy.pick(state.prefill, key, exclude=tried) if attempt == 0 else None
         if nxt is None:
             break

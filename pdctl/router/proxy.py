@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.types import Receive, Send
 
-from pdctl.router import decode, placement, prefill
+from pdctl.router import decode, placement, prefill, wire
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.context import NOT_TAKEN, RequestContext
@@ -27,7 +27,7 @@ from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.handles import Handle, Taken
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
-from pdctl.router.verify import LOCAL_REASON, Verdict, as_tokens, hit_params, matching_blocks, miss, verify
+from pdctl.router.verify import Verdict, as_tokens, hit_params, matching_blocks, miss, verify
 
 log = logging.getLogger("pdctl.router")
 
@@ -107,9 +107,9 @@ def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdic
     if h is None:
         return miss(taken.reason)
     if not state.config.verify_prefix:
-        return Verdict("hit", "unverified", h.num_tokens, hit_params(h.params))
+        return Verdict("hit", wire.UNVERIFIED, h.num_tokens, hit_params(h.params))
     if ids is None:
-        return miss("tokenize_failed")
+        return miss(wire.TOKENIZE_FAILED)
     return verify(h.params, h.tokens, ids, state.config.block_size, state.config.partial_reuse)
 
 
@@ -204,7 +204,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
         state.metrics.prefill_seconds.observe(pre.ms / 1000)
         log.info("[%s] Prefill done in %.0fms (kv %s)", rid, pre.ms, v.header)
-        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), (b"x-pd-kv-reuse", v.header.encode()),
+        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), v.reuse.raw(),
                    (b"x-pd-router-in-ms", f"{in_ms:.1f}".encode())]
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
@@ -230,7 +230,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             await send_error(send, 503, _unavailable(state.prefill), headers)
             return
         p = nxt
-        verdict = miss("prefill_redone") if verdict.outcome != "miss" else verdict
+        verdict = miss(wire.PREFILL_REDONE) if verdict.outcome != "miss" else verdict
 
 
 async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
@@ -244,15 +244,15 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
     d, cached = local
     h = taken.handle
     assert h is not None
-    header = f"hit;tokens={cached};reason={LOCAL_REASON}"
-    headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
+    reuse = wire.Reuse("hit", cached, wire.DECODE_LOCAL)
+    headers = [(b"x-pd-prefill-ms", b"0.0"), reuse.raw()]
     res = await decode.run(state, ctx, receive, send, None, headers, only=d)
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False
-    state.metrics.reuse_outcome("hit", LOCAL_REASON, cached, True)
+    state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, cached, True)
     state.metrics.local_turn()
-    log.info("[%s] Ran on the decode alone (kv %s)", rid, header)
+    log.info("[%s] Ran on the decode alone (kv %s)", rid, reuse.header)
     capture = res.capture
     computed = capture.computed_tokens() if capture is not None else None
     key = derivation.reply_key(capture.reply(), capture.output_ids) if capture and derivation else None
@@ -264,7 +264,7 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
 def _keep(state: RouterState, ctx: RequestContext, cid: str, capture: Capture, d: Upstream) -> None:
     """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation."""
     if capture.params is None:
-        state.handles.mark(cid, "no_handle_returned")
+        state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
         return
     state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     derivation = ctx.derivation

@@ -12,12 +12,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-Outcome = Literal["hit", "partial", "miss"]
-
-# The reason of a hit the decode served alone from its own prefix cache (`--local-prefill-tokens`).
-LOCAL_REASON = "decode_local"
+from pdctl.router.wire import PREFIX_DIVERGED, PROMPT_NOT_LONGER, TOKENS_UNKNOWN, VERIFIED, Outcome, Reuse
 
 MISS_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -41,8 +38,13 @@ class Verdict:
     params: dict[str, Any]
 
     @property
+    def reuse(self) -> Reuse:
+        """What the client is told (X-PD-KV-Reuse)."""
+        return Reuse(self.outcome, self.tokens, self.reason)
+
+    @property
     def header(self) -> str:
-        return f"{self.outcome};tokens={self.tokens};reason={self.reason}"
+        return self.reuse.header
 
 
 def miss(reason: str) -> Verdict:
@@ -101,13 +103,13 @@ def verify(
 ) -> Verdict:
     n = params.get("remote_num_tokens")
     if not isinstance(n, int) or n <= 0 or held is None or len(held) < n:
-        return miss("tokens_unknown")
+        return miss(TOKENS_UNKNOWN)
     if len(prompt) <= n:
-        return miss("prompt_not_longer")
+        return miss(PROMPT_NOT_LONGER)
     want = prompt[:n]
     if held[:n] == want:
-        return Verdict("hit", "verified", n, hit_params(params))
+        return Verdict("hit", VERIFIED, n, hit_params(params))
     blocks = matching_blocks(held[:n], want, block_size)
     if blocks == 0 or not partial_ok:
-        return miss("prefix_diverged")
-    return Verdict("partial", "prefix_diverged", blocks * block_size, truncate(params, blocks, block_size))
+        return miss(PREFIX_DIVERGED)
+    return Verdict("partial", PREFIX_DIVERGED, blocks * block_size, truncate(params, blocks, block_size))

@@ -4,14 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.collect import (
-    has_nixl,
-    kv_from_log,
-    nixl_delta,
-    parse_kv_log_line,
-    parse_prometheus,
-    parse_reuse,
-)
+from pdctl.bench.collect import kv_from_log, nixl_delta
+from pdctl.engine_metrics import has_nixl, parse_kv_log_line, parse_prometheus
 
 SAMPLES = Path(__file__).parent / "samples"
 
@@ -74,11 +68,3 @@ def test_prometheus_delta_between_scrapes_and_over_a_restart() -> None:
     restarted = parse_prometheus('vllm:nixl_xfer_time_seconds_count{engine="0"} 1\n')
     assert nixl_delta(before, restarted).transfers == 1
 
-
-def test_reuse_header() -> None:
-    hit = parse_reuse("hit;tokens=2315;reason=handle")
-    assert hit is not None and hit.outcome == "hit" and hit.tokens == 2315 and hit.reused
-    miss = parse_reuse("miss;tokens=0;reason=prefix-mismatch")
-    assert miss is not None and not miss.reused and miss.reason == "prefix-mismatch"
-    assert parse_reuse("partial") == parse_reuse(" partial ")
-    assert parse_reuse(None) is None and parse_reuse("") is None

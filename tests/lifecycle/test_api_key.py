@@ -23,7 +23,7 @@ def test_key_only_in_env_router_passes_the_smoke_test(
     monkeypatch.delenv(KEY, raising=False)
     topo = make_topo(router_extra=f", api_key_env: {KEY}", extra_yaml=f"env: {{router: {{{KEY}: k-123}}}}\n")
     dep = up(topo, console, UpOptions(provision=False))  # was: turn 1 answered HTTP 401
-    assert dep.smoke is not None and dep.smoke.turn2.kind == "hit"
+    assert dep.smoke is not None and dep.smoke.turn2.outcome == "hit"
 
 
 def test_no_key_anywhere_is_refused_before_starting(

@@ -26,7 +26,7 @@ def test_engines_refuse_all_but_the_router(make_topo: MakeTopo, console: Console
                                            pdctl_home: Path) -> None:
     topo = make_topo()
     dep = up(topo, console, UpOptions(provision=False))
-    assert dep.smoke is not None and dep.smoke.turn2.kind == "hit"  # the router's traffic carries the key
+    assert dep.smoke is not None and dep.smoke.turn2.outcome == "hit"  # the router's traffic carries the key
 
     key_file = Path(engine_key_path(topo, "local")).expanduser()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600

@@ -103,7 +103,7 @@ def test_smoke_failure_on_a_running_deployment_leaves_it_running(make_topo: Make
 def test_smoke_test_does_not_require_a_hit_without_bidirectional(make_topo: MakeTopo, console: Console) -> None:
     topo = make_topo(extra_yaml="connector: {bidirectional_kv_xfer: false}\n")
     dep = up(topo, console, UpOptions(provision=False))
-    assert dep.smoke is not None and not dep.smoke.required_hit and dep.smoke.turn2.kind != "hit"
+    assert dep.smoke is not None and not dep.smoke.required_hit and dep.smoke.turn2.outcome != "hit"
 
 
 def test_preflight_refuses_a_busy_port_before_starting_anything(make_topo: MakeTopo, console: Console) -> None:

@@ -26,7 +26,7 @@ def test_up_status_up_again_down(make_topo: MakeTopo, console: Console, tmp_path
     topo = make_topo()
     dep = up(topo, console)
     assert dep.started == ["decode-0", "prefill-0", "router"]
-    assert dep.smoke is not None and (dep.smoke.turn1.kind, dep.smoke.turn2.kind) == ("miss", "hit")
+    assert dep.smoke is not None and (dep.smoke.turn1.outcome, dep.smoke.turn2.outcome) == ("miss", "hit")
     assert dep.smoke.turn2.tokens > 0
     saved = StateStore(topo.name).load()
     assert saved is not None and set(saved.processes) == {"decode-0", "prefill-0", "router"}
@@ -53,7 +53,7 @@ def test_up_status_up_again_down(make_topo: MakeTopo, console: Console, tmp_path
 
     again = up(topo, console)
     assert again.started == [] and again.kept == ["decode-0", "prefill-0", "router"]
-    assert again.smoke is not None and again.smoke.turn2.kind == "hit"
+    assert again.smoke is not None and again.smoke.turn2.outcome == "hit"
 
     first = down(topo, console)
     assert sorted(first.stopped["local"]) == sorted(r.pid for r in saved.processes.values())

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from pdctl.lifecycle.smoke import Reuse
 from pdctl.lifecycle.status import EngineMetrics, parse_metrics
+from pdctl.router.wire import Reuse
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -37,7 +37,7 @@ def test_parse_metrics_sums_engines_and_reads_histograms_and_counters() -> None:
 def test_reuse_header_parsing() -> None:
     assert Reuse.parse("hit;tokens=212;reason=verified") == Reuse("hit", 212, "verified")
     assert Reuse.parse("miss;reason=first_turn") == Reuse("miss", 0, "first_turn")
-    assert Reuse.parse(None).kind == "absent"
+    assert Reuse.parse(None).outcome == "absent"
 
 
 def test_smoke_reads_a_streamed_reply_and_rejects_error_streams() -> None:

@@ -135,7 +135,7 @@ def test_sim_topology_over_ssh_provisions_each_node_venv_once(
 
     try:
         deployment = up(topo, _console(), UpOptions(ssh=ssh, provision=False, timeout=60))
-        assert deployment.smoke is not None and deployment.smoke.turn2.kind == "hit"
+        assert deployment.smoke is not None and deployment.smoke.turn2.outcome == "hit"
         state = StateStore(topo.name).load()
         assert state is not None
         for name, node in (("prefill-0", "h1"), ("decode-0", "h2"), ("router", "h1")):

@@ -1,0 +1,262 @@
+"""The router's public signals, written and read here only: the `X-PD-*` headers and the `/stats` document.
+
+    X-PD-KV-Reuse: <outcome>;tokens=<N>;reason=<reason>     what the router did with the decode's KV this turn
+        outcome  hit | partial | miss
+        tokens   prompt tokens not recomputed (read from a decode, or found in its own cache on a local turn)
+        reason   one of REASONS (why a hit, why a miss)
+    A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
+    X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`parse_ms`).
+
+Everything outside pdctl/router/ (status, the smoke test, the bench) reads the router through this module and
+`pdctl.router.config`; it imports nothing of pdctl, so the bench's client can carry it anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+REUSE_HEADER = "x-pd-kv-reuse"
+PREFILL_MS_HEADER = "x-pd-prefill-ms"
+ROUTER_IN_MS_HEADER = "x-pd-router-in-ms"
+DECODE_MS_HEADER = "x-pd-decode-ms"
+
+Outcome = Literal["hit", "partial", "miss"]
+# What a reader may find instead of a router's outcome: no header, or one it cannot read.
+ReadOutcome = Literal["hit", "partial", "miss", "absent", "malformed"]
+_OUTCOMES: dict[str, Outcome] = {"hit": "hit", "partial": "partial", "miss": "miss"}
+
+# Reasons (the `reason=` of X-PD-KV-Reuse, the keys of /stats `reuse_reasons`).
+VERIFIED = "verified"  # hit: the decode's tokens are exactly the new prompt's prefix
+UNVERIFIED = "unverified"  # hit taken on trust (--no-verify-prefix)
+DECODE_LOCAL = "decode_local"  # hit: the decode served the turn alone from its own prefix cache
+PREFIX_DIVERGED = "prefix_diverged"  # partial (whole blocks kept) or miss: the prompt does not extend the tokens
+TOKENS_UNKNOWN = "tokens_unknown"  # the router does not know which tokens the handle holds
+PROMPT_NOT_LONGER = "prompt_not_longer"  # the prompt adds nothing to what the decode holds
+NEW_CONVERSATION = "new_conversation"  # no earlier turn of this conversation
+NOT_ELIGIBLE = "not_eligible"  # the request cannot take part in reuse (no conversation)
+HANDLE_IN_USE = "handle_in_use"  # another turn of the conversation holds the handle right now
+DECODE_RESTARTED = "decode_restarted"  # the decode that holds the blocks may have died since
+EXPIRED = "expired"  # the handle outlived the router's trust in it
+EVICTED = "evicted"  # the handle table was full
+PREVIOUS_TURN_FAILED = "previous_turn_failed"  # the turn that took the handle did not leave a new one
+NO_HANDLE_RETURNED = "no_handle_returned"  # the decode's answer carried no kv_transfer_params
+TOKENIZE_FAILED = "tokenize_failed"  # the router could not tokenize the prompt to verify it
+PREFILL_FAILED = "prefill_failed"  # the prefill failed reading the handle; it was retried as a miss
+PREFILL_REDONE = "prefill_redone"  # the decode could not use the prefill's KV; the prefill ran again
+N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
+REASONS = frozenset({
+    VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
+    NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
+    TOKENIZE_FAILED, PREFILL_FAILED, PREFILL_REDONE, N_GT_1,
+})
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """One X-PD-KV-Reuse value. Read from a response, `outcome` may also be "absent" or "malformed"."""
+
+    outcome: ReadOutcome
+    tokens: int = 0
+    reason: str = ""
+
+    @property
+    def header(self) -> str:
+        return f"{self.outcome};tokens={self.tokens};reason={self.reason}"
+
+    def raw(self) -> tuple[bytes, bytes]:
+        """The header as an ASGI (name, value) pair."""
+        return REUSE_HEADER.encode(), self.header.encode()
+
+    @property
+    def reused(self) -> bool:
+        return self.outcome in ("hit", "partial")
+
+    @classmethod
+    def parse(cls, value: str | None) -> Reuse:
+        """Never raises: no header reads as "absent", one that is not `outcome;tokens=N;reason=R` as
+        "malformed" with the value in its reason. Keys it does not know are skipped."""
+        if value is None or not value.strip():
+            return cls("absent", 0, "no X-PD-KV-Reuse header")
+        if "," in value:
+            return _malformed(value, "a list of values (read it with Reuse.parse_list)")
+        word, *params = (p.strip() for p in value.split(";"))
+        outcome = _OUTCOMES.get(word.lower())
+        if outcome is None:
+            return _malformed(value, f"outcome {word!r} is none of hit, partial, miss")
+        fields = dict(p.partition("=")[::2] for p in params if "=" in p)
+        tokens = fields.get("tokens", "0")
+        if not tokens.isdigit():
+            return _malformed(value, f"tokens={tokens!r} is not a count")
+        return cls(outcome, int(tokens), fields.get("reason", ""))
+
+    @classmethod
+    def parse_list(cls, value: str | None) -> list[Reuse]:
+        """A list of prompts' values; one value reads as a list of one."""
+        if value is None or not value.strip():
+            return [cls.parse(value)]
+        return [cls.parse(part) for part in value.split(",")]
+
+
+def _malformed(value: str, why: str) -> Reuse:
+    return Reuse("malformed", 0, f"unreadable X-PD-KV-Reuse header {value.strip()!r}: {why}")
+
+
+def parse_ms(value: str | None) -> float | None:
+    """An X-PD-*-Ms header; None when absent or not a number."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class UpstreamStats:
+    """One prefill or decode instance as the router sees it."""
+
+    url: str
+    healthy: bool
+    outstanding: int
+    failures: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """The router's `GET /stats` document. `from_json(x.to_json()) == x`."""
+
+    requests_total: int
+    reuse: Mapping[str, int]  # outcome -> turns (hit, partial, miss)
+    reuse_reasons: Mapping[str, int] = field(default_factory=dict)
+    reused_tokens_total: int = 0
+    local_turns: int = 0
+    hit_rate: float = 0.0  # (hit + partial) / eligible_turns, 4 decimals
+    eligible_turns: int = 0
+    live_handles: int = 0
+    prefill: tuple[UpstreamStats, ...] = ()
+    decode: tuple[UpstreamStats, ...] = ()
+    uptime_s: float = 0.0
+    version: str = ""
+
+    @property
+    def hit(self) -> int:
+        return self.reuse.get("hit", 0)
+
+    @property
+    def partial(self) -> int:
+        return self.reuse.get("partial", 0)
+
+    @property
+    def miss(self) -> int:
+        return self.reuse.get("miss", 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests_total": self.requests_total,
+            "reuse": dict(self.reuse),
+            "reuse_reasons": dict(self.reuse_reasons),
+            "reused_tokens_total": self.reused_tokens_total,
+            "local_turns": self.local_turns,
+            "hit_rate": self.hit_rate,
+            "eligible_turns": self.eligible_turns,
+            "live_handles": self.live_handles,
+            "prefill": [_upstream_json(u) for u in self.prefill],
+            "decode": [_upstream_json(u) for u in self.decode],
+            "uptime_s": self.uptime_s,
+            "version": self.version,
+        }
+
+    @classmethod
+    def from_json(cls, doc: object) -> RouterStats:
+        """Raises ValueError naming the first field that is missing or of the wrong type. `requests_total` and
+        `reuse` are required; the rest default, so a router one release older still reads."""
+        d = _object(doc, "the document")
+        return cls(
+            requests_total=_int(d, "requests_total", required=True),
+            reuse=_counts(d, "reuse", required=True),
+            reuse_reasons=_counts(d, "reuse_reasons"),
+            reused_tokens_total=_int(d, "reused_tokens_total"),
+            local_turns=_int(d, "local_turns"),
+            hit_rate=_float(d, "hit_rate"),
+            eligible_turns=_int(d, "eligible_turns"),
+            live_handles=_int(d, "live_handles"),
+            prefill=_upstreams(d, "prefill"),
+            decode=_upstreams(d, "decode"),
+            uptime_s=_float(d, "uptime_s"),
+            version=_str(d, "version"),
+        )
+
+
+def _upstream_json(u: UpstreamStats) -> dict[str, object]:
+    return {"url": u.url, "healthy": u.healthy, "outstanding": u.outstanding, "failures": u.failures,
+            "generation": u.generation}
+
+
+def _bad(what: str, want: str, got: object) -> ValueError:
+    return ValueError(f"router /stats: {what} is not {want}: {got!r:.80}")
+
+
+def _object(value: object, what: str) -> Mapping[str, object]:
+    if not isinstance(value, dict):
+        raise _bad(what, "a JSON object", value)
+    return value
+
+
+def _get(d: Mapping[str, object], key: str, required: bool) -> object:
+    if key not in d and required:
+        raise ValueError(f"router /stats: `{key}` is missing (is this a pdctl router?)")
+    return d.get(key)
+
+
+def _int(d: Mapping[str, object], key: str, required: bool = False) -> int:
+    v = _get(d, key, required)
+    if v is None and not required:
+        return 0
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _bad(f"`{key}`", "an integer", v)
+    return v
+
+
+def _float(d: Mapping[str, object], key: str) -> float:
+    v = d.get(key)
+    if v is None:
+        return 0.0
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise _bad(f"`{key}`", "a number", v)
+    return float(v)
+
+
+def _str(d: Mapping[str, object], key: str) -> str:
+    v = d.get(key, "")
+    if not isinstance(v, str):
+        raise _bad(f"`{key}`", "a string", v)
+    return v
+
+
+def _counts(d: Mapping[str, object], key: str, required: bool = False) -> dict[str, int]:
+    v = _get(d, key, required)
+    if v is None and not required:
+        return {}
+    out: dict[str, int] = {}
+    for k, n in _object(v, f"`{key}`").items():
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise _bad(f"`{key}.{k}`", "an integer", n)
+        out[k] = n
+    return out
+
+
+def _upstreams(d: Mapping[str, object], key: str) -> tuple[UpstreamStats, ...]:
+    v = d.get(key, [])
+    if not isinstance(v, list):
+        raise _bad(f"`{key}`", "a list", v)
+    out: list[UpstreamStats] = []
+    for i, item in enumerate(v):
+        u = _object(item, f"`{key}[{i}]`")
+        url, healthy = u.get("url"), u.get("healthy")
+        if not isinstance(url, str):
+            raise _bad(f"`{key}[{i}].url`", "a string", url)
+        if not isinstance(healthy, bool):
+            raise _bad(f"`{key}[{i}].healthy`", "true or false", healthy)
+        out.append(UpstreamStats(url, healthy, _int(u, "outstanding"), _int(u, "failures"), _int(u, "generation")))
+    return tuple(out)

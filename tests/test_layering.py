@@ -1,0 +1,260 @@
+"""The package's "may import" rules (docs/architecture.md), checked on the source with `ast`.
+
+Every `import` of a pdctl module counts, function-local ones too; imports under `if TYPE_CHECKING:` do not (they
+never run). A rule broken today and being fixed is listed in KNOWN_VIOLATIONS; the test fails on any other
+violation, and on a listed one that no longer occurs, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "pdctl"
+
+# Modules that import no other pdctl module but leaves (`pdctl` itself: the package, for __version__).
+LEAVES = ("pdctl", "pdctl.errors", "pdctl.secret", "pdctl.kv_expiry", "pdctl.defaults", "pdctl.markers",
+          "pdctl.topology.strings", "pdctl.topology.bounded_yaml", "pdctl.vllm_compat", "pdctl.engine_metrics",
+          "pdctl.examples")
+# What the router may import from the rest of pdctl: it stands apart and talks HTTP.
+ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults")
+# The router's public surface, for everything outside pdctl/router/ (serve: its entry point, `router_app`).
+ROUTER_PUBLIC = ("pdctl.router", "pdctl.router.wire", "pdctl.router.config", "pdctl.router.serve")
+
+# Lower layers never import higher ones; a module belongs to the first layer one of whose prefixes it matches.
+# pdctl.sim is in no layer: it imports nothing of pdctl (sim-stands-apart).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    LEAVES,
+    ("pdctl.router",),
+    ("pdctl.topology",),
+    ("pdctl.plan", "pdctl.plan_view", "pdctl.state"),
+    ("pdctl.remote",),
+    ("pdctl.facts",),
+    ("pdctl.operations",),
+    ("pdctl.slurm",),
+    ("pdctl.lifecycle",),
+    ("pdctl.bench",),
+    ("pdctl.demo",),
+    ("pdctl.cli", "pdctl.__main__"),
+)
+
+# Broken today, each being fixed by the helper named; the lead removes an entry once its fix is merged.
+# Key: "<rule>: <importing module> -> <imported module>", or "cycle: <modules of one import cycle, sorted>".
+KNOWN_VIOLATIONS: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported pdctl module (a submodule where `from pkg import name` names one)
+    where: str  # file:line
+
+    def key(self, rule: str) -> str:
+        return f"{rule}: {self.source} -> {self.target}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node, leaving out the bodies of `if TYPE_CHECKING:` (their `else:` still runs)."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for sub in child.orelse:
+                yield sub
+                yield from _nodes(sub)
+            continue
+        yield child
+        yield from _nodes(child)
+
+
+def _known(name: str) -> str | None:
+    """The pdctl module `name` is, or is inside of (a name imported from a module)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(source: str, text: str | None = None) -> list[Import]:
+    path = MODULES.get(source, ROOT / (source.replace(".", "/") + ".py"))
+    is_pkg = path.name == "__init__.py"
+    out: list[Import] = []
+    tree = ast.parse(path.read_text(encoding="utf-8") if text is None else text, str(path))
+    for node in _nodes(tree):
+        where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = source.split(".")[: len(source.split(".")) - node.level + (1 if is_pkg else 0)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for name in names:
+            target = _known(name) if name.split(".")[0] == "pdctl" else None
+            if target is not None and target != source:
+                out.append(Import(source, target, where))
+    return out
+
+
+IMPORTS = list(dict.fromkeys(i for m in MODULES for i in imports_of(m)))  # `from m import a, b` counts once
+
+
+def _inside(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def sim_stands_apart() -> Iterator[tuple[str, Import]]:
+    for i in IMPORTS:
+        if _inside(i.source, "pdctl.sim") and not _inside(i.target, "pdctl.sim"):
+            yield "sim-stands-apart", i
+        if i.source == "pdctl.vllm_compat":
+            yield "sim-stands-apart", i
+
+
+def router_imports_leaves_only() -> Iterator[tuple[str, Import]]:
+    for i in IMPORTS:
+        if _inside(i.source, "pdctl.router") and not _inside(i.target, "pdctl.router") \
+                and i.target not in ROUTER_LEAVES:
+            yield "router-imports-leaves-only", i
+
+
+def router_public_only() -> Iterator[tuple[str, Import]]:
+    for i in IMPORTS:
+        if not _inside(i.source, "pdctl.router") and _inside(i.target, "pdctl.router") \
+                and i.target not in ROUTER_PUBLIC:
+            yield "router-public-only", i
+
+
+def cli_is_top() -> Iterator[tuple[str, Import]]:
+    for i in IMPORTS:
+        if _inside(i.target, "pdctl.cli") and not _inside(i.source, "pdctl.cli") and i.source != "pdctl.__main__":
+            yield "cli-is-top", i
+
+
+def layer(module: str) -> int:
+    for n, prefixes in enumerate(LAYERS):
+        if module in prefixes or any(_inside(module, p) for p in prefixes if p != "pdctl"):
+            return n
+    return -1  # pdctl.sim: rule sim-stands-apart
+
+
+def layers() -> Iterator[tuple[str, Import]]:
+    for i in IMPORTS:
+        if layer(i.target) > layer(i.source) >= 0:
+            yield "layers", i
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        edges[i.source].add(i.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc: list[str] = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                found.append(sorted(scc))
+
+    for m in sorted(MODULES):
+        if m not in index:
+            visit(m)
+    return found
+
+
+RULES: dict[str, Callable[[], Iterator[tuple[str, Import]]]] = {
+    "sim-stands-apart": sim_stands_apart,
+    "router-imports-leaves-only": router_imports_leaves_only,
+    "router-public-only": router_public_only,
+    "cli-is-top": cli_is_top,
+    "layers": layers,
+}
+
+
+def _check(found: dict[str, str], rule: str) -> None:
+    known = {k for k in KNOWN_VIOLATIONS if k.startswith(rule + ":")}
+    new = [f"{where}: {key}" for key, where in sorted(found.items()) if key not in known]
+    gone = sorted(known - set(found))
+    assert not new and not gone, "\n".join(
+        [f"{rule} broken (fix the import, or see docs/architecture.md):", *new]
+        + ([f"no longer broken, remove from KNOWN_VIOLATIONS in {Path(__file__).name}:", *gone] if gone else []))
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_import_rule(rule: str) -> None:
+    found: dict[str, str] = {}
+    for name, i in RULES[rule]():
+        found.setdefault(i.key(name), i.where)
+    _check(found, rule)
+
+
+def test_no_import_cycles() -> None:
+    found: dict[str, str] = {}
+    for scc in cycles():
+        members = set(scc)
+        hops = [f"{i.where} ({i.source} -> {i.target})" for i in IMPORTS if i.source in members and i.target in members]
+        found[f"cycle: {', '.join(scc)}"] = "; ".join(hops)
+    _check(found, "cycle")
+
+
+def test_the_checker_sees_imports() -> None:
+    """The rules above pass vacuously if the parser finds nothing; it finds the imports it must, and only those."""
+    text = """
+from typing import TYPE_CHECKING
+import pdctl.plan
+from pdctl.router import decode, RouterConfig
+from . import wait
+if TYPE_CHECKING:
+    from pdctl.cli import root
+else:
+    from pdctl import errors
+def f():
+    from pdctl.remote.procs import kill_script, parse_ps
+"""
+    found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.example", text)]
+    assert list(dict.fromkeys(found)) == [
+        ("pdctl.plan", 3), ("pdctl.router.decode", 4), ("pdctl.router", 4), ("pdctl.lifecycle.wait", 5),
+        ("pdctl.errors", 9), ("pdctl.remote.procs", 11)]
+    assert len(MODULES) > 100 and len(IMPORTS) > 300
