@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from pdctl.plan import ProcessSpec
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
@@ -15,10 +16,10 @@ class LifecycleDeployer:
         self.console = console
         self.ssh = ssh
 
-    def redeploy(self, topo: Topology) -> None:
+    def redeploy(self, topo: Topology) -> list[ProcessSpec]:
         from pdctl.lifecycle.up import UpOptions, up
 
-        up(topo, self.console, UpOptions(ssh=self.ssh, restart=True, smoke=False))
+        return up(topo, self.console, UpOptions(ssh=self.ssh, restart=True, smoke=False)).specs
 
     def down(self, topo: Topology) -> None:
         from pdctl.lifecycle.down import down

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdctl.errors import UsageError
-from pdctl.plan import entry, plan
+from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.topology import Topology, load
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
@@ -96,8 +96,9 @@ class Endpoints:
                 *zip(self.decode_nodes, self.decode_urls, strict=True)]
 
 
-def endpoints(topo: Topology) -> Endpoints:
-    specs = plan(topo)
+def endpoints(topo: Topology, specs: list[ProcessSpec] | None = None) -> Endpoints:
+    """The endpoints of `topo`, from `specs` when its plan is at hand (what `up` started), else from planning it."""
+    specs = plan(topo) if specs is None else specs
     router = entry(specs)  # an aggregated topology has no router: the bench talks to its engine
     prefills = [s for s in specs if s.role == "prefill"]
     return Endpoints(

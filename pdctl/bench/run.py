@@ -24,7 +24,7 @@ from pdctl.bench.remote_play import play_on_node
 from pdctl.bench.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import PdctlError, UsageError
 from pdctl.lifecycle.connect import connected
-from pdctl.plan import python_for, run_dir
+from pdctl.plan import ProcessSpec, python_for, run_dir
 from pdctl.remote.base import Transport
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
@@ -38,7 +38,8 @@ Hosts = Mapping[str, Transport]
 class Deployer(Protocol):
     """What the bench needs from the lifecycle: start a whole deployment from scratch, and stop it."""
 
-    def redeploy(self, topo: Topology) -> None: ...
+    def redeploy(self, topo: Topology) -> list[ProcessSpec]:
+        """Start `topo` from scratch; the plan it started (the leg's endpoints come from it)."""
 
     def down(self, topo: Topology) -> None: ...
 
@@ -105,9 +106,8 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
     workload = opts.workload
     try:
         for spec, topo in zip(legs, topos, strict=True):
-            ep = base_ep if topo is base else endpoints(topo)
             try:
-                _deploy(spec, topo, ep, hosts, deployer if not opts.no_redeploy else None, progress)
+                ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:
                 # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
                 progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
@@ -130,20 +130,27 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
     return result
 
 
-def _deploy(spec: LegSpec, topo: Topology, ep: Endpoints, hosts: Hosts, deployer: Deployer | None,
-            progress: Progress) -> None:
+def _deploy(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
+            progress: Progress) -> Endpoints:
     """Redeploy for the leg and wait for every endpoint; one retry, so a transient launch failure costs no leg."""
-    for attempt in (1, 2):
-        try:
-            if deployer is not None:
-                progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
-                deployer.redeploy(topo)
-            probe.wait_healthy([(hosts[node], url) for node, url in ep.health_targets()])
-            return
-        except PdctlError as exc:
-            if attempt == 2 or deployer is None:
-                raise
-            progress.note(f"leg {spec.name}: deploy failed ({exc.message.splitlines()[0]}); retrying once")
+    try:
+        return _deploy_once(spec, topo, running, hosts, deployer, progress)
+    except PdctlError as exc:
+        if deployer is None:
+            raise
+        progress.note(f"leg {spec.name}: deploy failed ({exc.message.splitlines()[0]}); retrying once")
+    return _deploy_once(spec, topo, running, hosts, deployer, progress)
+
+
+def _deploy_once(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
+                 progress: Progress) -> Endpoints:
+    """The leg's endpoints, healthy: from the plan the redeploy started, or `running` (the deployment's) without one."""
+    ep = running
+    if deployer is not None:
+        progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
+        ep = endpoints(topo, deployer.redeploy(topo))
+    probe.wait_healthy([(hosts[node], url) for node, url in ep.health_targets()])
+    return ep
 
 
 def client_where(opts: BenchOptions, topo: Topology, hosts: Hosts) -> str:

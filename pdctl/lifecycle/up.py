@@ -34,6 +34,7 @@ class Deployment:
     name: str
     router_url: str
     processes: dict[str, ProcessRecord]
+    specs: list[ProcessSpec]  # the plan `up` made: what the deployment's endpoints are derived from
     started: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     smoke: SmokeResult | None = None
@@ -131,7 +132,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             rate = nixl_check.check_shared_gpu_rate(topo, engines, hosts)  # one GPU shared: not the TCP fallback
             if rate is not None:
                 console.print(f"KV transfer between instances sharing a GPU: {rate:.1f} GB/s")
-    return Deployment(topo.name, router_url, dict(state.processes), started, kept, result)
+    return Deployment(topo.name, router_url, dict(state.processes), specs, started, kept, result)
 
 
 STOPPED_HINT = (

@@ -7,6 +7,7 @@ touches a host (facts, operations, launch) takes a `Transport` and never knows w
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 from abc import ABC, abstractmethod
@@ -28,7 +29,7 @@ from pdctl.remote.procs import (
     parse_started,
     start_script,
 )
-from pdctl.remote.shell import Command, expand_home
+from pdctl.remote.shell import Command, expand_home, render
 from pdctl.secret import scrub, secret_values
 
 Progress = Callable[[int, int], None]
@@ -92,7 +93,6 @@ class Transport(ABC):
         sock.settimeout(None)
         return sock
 
-    @abstractmethod
     def run(
         self,
         command: Command,
@@ -103,6 +103,17 @@ class Transport(ABC):
         stdin: bytes | None = None,
     ) -> CommandResult:
         """Run a command to completion and return its result; never raises for a non-zero exit."""
+        script = render(command, env, sudo and self._needs_sudo())
+        return self._run_script(script, sudo=sudo, timeout=timeout, stdin=stdin or b"")
+
+    def _needs_sudo(self) -> bool:
+        """Whether `sudo=True` must prefix `sudo`: not where the command runs as root already."""
+        return os.geteuid() != 0
+
+    @abstractmethod
+    def _run_script(self, script: str, *, sudo: bool, timeout: float | None, stdin: bytes) -> CommandResult:
+        """Run the rendered `sh` script (env and sudo already in it) to completion; a timeout raises
+        `RemoteCommandError` with exit status 124."""
 
     @abstractmethod
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:

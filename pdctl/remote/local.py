@@ -6,12 +6,10 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from pdctl.errors import RemoteCommandError
 from pdctl.remote.base import CommandResult, Progress, Transport
-from pdctl.remote.shell import Command, render
 
 CHUNK = 1 << 20
 
@@ -22,21 +20,12 @@ class LocalTransport(Transport):
     def __init__(self, name: str = "local") -> None:
         super().__init__(name)
 
-    def run(
-        self,
-        command: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        sudo: bool = False,
-        timeout: float | None = 60.0,
-        stdin: bytes | None = None,
-    ) -> CommandResult:
-        script = render(command, env, sudo and os.geteuid() != 0)
+    def _run_script(self, script: str, *, sudo: bool, timeout: float | None, stdin: bytes) -> CommandResult:
         start = time.monotonic()
         try:
             proc = subprocess.run(
                 ["sh", "-c", script],
-                input=stdin if stdin is not None else b"",
+                input=stdin,
                 capture_output=True,
                 timeout=timeout,
                 check=False,

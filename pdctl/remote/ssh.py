@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -13,7 +12,6 @@ import paramiko
 
 from pdctl.errors import ConnectError, RemoteCommandError
 from pdctl.remote.base import CommandResult, Progress, Stream, Transport
-from pdctl.remote.shell import Command, render
 from pdctl.remote.sshconnect import SshOptions, Target, load_config, mapped_errors, open_client, resolve
 from pdctl.remote.sshhttp import AsyncSshHttpTransport, SshHttpTransport
 
@@ -35,16 +33,10 @@ class SshTransport(Transport):
     def client(self) -> paramiko.SSHClient:
         return self._clients[-1]
 
-    def run(
-        self,
-        command: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        sudo: bool = False,
-        timeout: float | None = 60.0,
-        stdin: bytes | None = None,
-    ) -> CommandResult:
-        script = render(command, env, sudo)
+    def _needs_sudo(self) -> bool:
+        return True  # the remote user is not known here: `sudo=True` always asks for sudo
+
+    def _run_script(self, script: str, *, sudo: bool, timeout: float | None, stdin: bytes) -> CommandResult:
         start = time.monotonic()
         with mapped_errors(self.target, self.options):
             transport = self.client.get_transport()

@@ -21,6 +21,8 @@ SshConnection = Callable[[], paramiko.Transport | None]
 """Returns the live paramiko transport of the host (None when it is gone)."""
 
 KEEPALIVE_S = 30.0
+SYNC_LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_S)
+ASYNC_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
 
 
 def _open(connection: SshConnection, label: str, host: str, port: int, timeout: float | None) -> paramiko.Channel:
@@ -173,22 +175,23 @@ class SshHttpTransport(httpx.HTTPTransport):
 
     def __init__(self, connection: SshConnection, label: str, limits: httpx.Limits | None = None) -> None:
         super().__init__()
-        lim = limits or httpx.Limits(max_connections=32, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_S)
         # The one swap httpx has no argument for: the pool's network backend.
-        self._pool = httpcore.ConnectionPool(
-            max_connections=lim.max_connections, max_keepalive_connections=lim.max_keepalive_connections,
-            keepalive_expiry=lim.keepalive_expiry, network_backend=_Backend(connection, label),
-        )
+        self._pool = httpcore.ConnectionPool(**_pool_limits(limits or SYNC_LIMITS),
+                                             network_backend=_Backend(connection, label))
 
 
 class AsyncSshHttpTransport(httpx.AsyncHTTPTransport):
     def __init__(self, connection: SshConnection, label: str, limits: httpx.Limits | None = None) -> None:
         super().__init__()
-        lim = limits or httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=lim.max_connections, max_keepalive_connections=lim.max_keepalive_connections,
-            keepalive_expiry=lim.keepalive_expiry, network_backend=_AsyncBackend(connection, label),
-        )
+        self._pool = httpcore.AsyncConnectionPool(**_pool_limits(limits or ASYNC_LIMITS),
+                                                  network_backend=_AsyncBackend(connection, label))
+
+
+def _pool_limits(limits: httpx.Limits) -> dict[str, Any]:
+    """httpx's limits as httpcore's pool arguments."""
+    return {"max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry}
 
 
 class Shared(httpx.BaseTransport):

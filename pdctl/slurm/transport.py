@@ -9,7 +9,6 @@ go straight from the login node, which reaches compute nodes on a Slurm cluster.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import subprocess
@@ -22,7 +21,7 @@ from pdctl.errors import ConnectError, RemoteCommandError
 from pdctl.markers import NODE_VAR, PROCESS_VAR
 from pdctl.remote.base import CommandResult, Progress, Transport
 from pdctl.remote.procs import DetachedJob, Started, with_secrets
-from pdctl.remote.shell import Command, expand_home, render
+from pdctl.remote.shell import expand_home
 from pdctl.secret import reveal
 from pdctl.slurm.commands import srun_argv, step_name
 from pdctl.state import pdctl_home
@@ -43,17 +42,8 @@ class SlurmTransport(Transport):
     def _srun(self, what: str) -> list[str]:
         return srun_argv(self.jobid, self.host, step_name(self.deployment, what))
 
-    def run(
-        self,
-        command: Command,
-        *,
-        env: Mapping[str, str] | None = None,
-        sudo: bool = False,
-        timeout: float | None = 60.0,
-        stdin: bytes | None = None,
-    ) -> CommandResult:
-        script = render(command, env, sudo and os.geteuid() != 0)
-        return self._step([*self._srun("cmd"), "sh", "-c", script], script, stdin or b"", timeout)
+    def _run_script(self, script: str, *, sudo: bool, timeout: float | None, stdin: bytes) -> CommandResult:
+        return self._step([*self._srun("cmd"), "sh", "-c", script], script, stdin, timeout)
 
     def _step(self, argv: list[str], shown: str, stdin: bytes | IO[bytes], timeout: float | None) -> CommandResult:
         start = time.monotonic()

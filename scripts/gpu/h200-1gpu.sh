@@ -18,17 +18,13 @@ out=${OUT:-$here/gpu-out}
 mkdir -p "$base" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 topo=$repo/configs/h200-1gpu.yaml
-hostpy=/opt/torch/.venv/bin/python   # the host image keeps torch in this venv
-cli=/opt/torch/.venv/bin/pdctl
-sets=(--set "python.wheelhouse=$base/wh/wheels")
+# shellcheck source=scripts/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"           # hostpy, cli, sets, receive
 
 stage=${1:?stage}; shift
 case $stage in
   receive)
-    mkdir -p "$base/parts"
-    for p in "$PWD"/.gpu/wh/parts/part*; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
-    cp "$PWD/.gpu/wh/parts/SHA256SUMS" "$base/parts/" 2>/dev/null
-    ls -l "$base/parts"
+    receive "$PWD"
     ;;
   setup)
     rm -rf "$repo" && cp -r "$here" "$repo" || exit 1

@@ -17,17 +17,13 @@ out=${OUT:-$repo/gpu-out}
 mkdir -p "$base" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 topo=$repo/configs/h200x2-local.yaml
-hostpy=/opt/torch/.venv/bin/python   # the host image keeps torch in this venv
-cli=/opt/torch/.venv/bin/pdctl
-sets=(--set "python.wheelhouse=$base/wh/wheels")
+# shellcheck source=scripts/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"           # hostpy, cli, sets, receive
 
 stage=${1:?stage}; shift
 case $stage in
   receive)
-    mkdir -p "$base/parts"
-    for p in "$repo"/.gpu/wh/parts/part*; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
-    cp "$repo/.gpu/wh/parts/SHA256SUMS" "$base/parts/" 2>/dev/null
-    ls -l "$base/parts"
+    receive "$repo"
     ;;
   setup)
     bash "$repo/scripts/gpu/unpack-parts.sh" "$base/parts" "$base/wh" || exit 1

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner, Result
 
+from pdctl.cli import app
 from pdctl.lifecycle import down
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology, load
@@ -42,6 +44,13 @@ sim: {{speed: 200, num_blocks: 4000}}
 python: {{venv: {venv}}}
 work_dir: {work}
 {extra_yaml}"""
+
+
+def dry_run(topo_file: Path | str, *args: str, exit_code: int = 0) -> Result:
+    """`pdctl up -t TOPO_FILE --dry-run ARGS...` through the CLI, having exited with `exit_code`."""
+    result = CliRunner().invoke(app, ["up", "-t", str(topo_file), "--dry-run", *args])
+    assert result.exit_code == exit_code, result.output
+    return result
 
 
 @pytest.fixture

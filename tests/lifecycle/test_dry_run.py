@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
 import pdctl
-from pdctl.cli import app
 from pdctl.lifecycle import up
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
-from tests.lifecycle.conftest import MakeTopo, topology_yaml
+from tests.lifecycle.conftest import MakeTopo, dry_run, topology_yaml
 
 pytestmark = pytest.mark.slow
 KEY = "PDCTL_DRY_RUN_KEY"
@@ -45,9 +43,8 @@ def test_dry_run_on_a_fresh_host_lists_every_change_and_makes_none(
     ))
     before = _tree(tmp_path)
 
-    result = CliRunner().invoke(app, ["up", "-t", str(topo_file), "--dry-run"])
+    result = dry_run(topo_file)
 
-    assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "local: 6 changes",
         "  efa.installer: no change (efa.required is false)",
@@ -79,9 +76,8 @@ def test_after_a_changed_setting_only_that_process_would_restart(
     assert load(Path(topo_file), ["router.handle_ttl=400"]).router.handle_ttl == 400
     pids = sorted(p.pid for p in LocalTransport().find_by_marker(topo.name))
 
-    result = CliRunner().invoke(app, ["up", "-t", topo_file, "--dry-run", "--set", "router.handle_ttl=400"])
+    result = dry_run(topo_file, "--set", "router.handle_ttl=400")
 
-    assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "local: 1 change",
         "  decode-0: running, left as it is",
@@ -92,8 +88,7 @@ def test_after_a_changed_setting_only_that_process_would_restart(
     ]
     assert sorted(p.pid for p in LocalTransport().find_by_marker(topo.name)) == pids
 
-    converged = CliRunner().invoke(app, ["up", "-t", topo_file, "--dry-run"])
-    assert converged.exit_code == 0, converged.output
+    converged = dry_run(topo_file)
     assert converged.stdout.splitlines() == [
         "local: no changes",
         "  decode-0: running, left as it is",
@@ -109,8 +104,7 @@ def test_dry_run_with_restart_restarts_everything_and_previews_provisioning(
 ) -> None:
     topo = make_topo()
     up(topo, console)
-    result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run", "--restart"])
-    assert result.exit_code == 0, result.output
+    result = dry_run(tmp_path / f"{topo.name}.yaml", "--restart")
     null = "python.venv is null"
     assert result.stdout.splitlines() == [
         "local: 3 changes",
@@ -134,8 +128,7 @@ def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", port))
         busy.listen()
-        result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run"])
-    assert result.exit_code == 1, result.output
+        result = dry_run(tmp_path / f"{topo.name}.yaml", exit_code=1)
     assert result.stdout.splitlines()[-7:] == [
         f"  engine key: would write {tmp_path}/work/{topo.name}/engine.key",
         "  decode-0: would start",

@@ -23,7 +23,7 @@ from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import load
 from tests.conftest import free_port
-from tests.lifecycle.conftest import MakeTopo
+from tests.lifecycle.conftest import MakeTopo, dry_run
 from tests.lifecycle.test_ssh import _nodes
 from tests.support.netns import SshLab
 from tests.support.venvs import system_site_env
@@ -64,8 +64,7 @@ def test_up_then_dry_run_finds_no_change_on_any_host(
     monkeypatch.setenv("PDCTL_KNOWN_HOSTS", str(lab.known_hosts()))
     runner = CliRunner()
     try:
-        first = runner.invoke(app, ["up", "-t", str(topo_file), "--dry-run"])
-        assert first.exit_code == 0, first.output
+        first = dry_run(topo_file)
         print(first.stdout)
         assert first.stdout.splitlines()[:12] == [
             "h1: 4 changes",
@@ -92,9 +91,8 @@ def test_up_then_dry_run_finds_no_change_on_any_host(
         assert started.exit_code == 0, started.output
         assert "turn 2 hit" in started.stderr
 
-        again = runner.invoke(app, ["up", "-t", str(topo_file), "--dry-run"])
+        again = dry_run(topo_file)
         print(again.stdout)
-        assert again.exit_code == 0, again.output
         assert again.stdout.splitlines() == [
             "h1: no changes",
             "  router: running, left as it is",
@@ -126,8 +124,7 @@ def test_dry_run_reports_a_host_that_does_not_answer(make_topo: MakeTopo, lab: S
     dead = free_port()
     topo = make_topo(nodes=_nodes(lab, dead_port=dead), python_venv=node_venv, placement=("h2", "h3", "h1"))
     args = ["--ssh-config", str(lab.ssh_config()), "--known-hosts", str(lab.known_hosts())]
-    result = CliRunner().invoke(app, ["up", "-t", str(tmp_path / f"{topo.name}.yaml"), "--dry-run", *args])
-    assert result.exit_code == 1, result.output
+    result = dry_run(tmp_path / f"{topo.name}.yaml", *args, exit_code=1)
     assert result.stdout.splitlines() == [
         "h1: 1 change",
         "  router: would start",

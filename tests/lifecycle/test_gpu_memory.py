@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from pdctl.lifecycle import gpu_memory
 from pdctl.plan import plan
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
-from tests.provision.support import host_root
+from tests.provision.support import layout_host
 
 ROOT = Path(__file__).parents[2]
 
@@ -22,10 +21,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """gpu-host with the fake nvidia-smi: one H200's memory readings from `fake/gpu-memory.out`."""
-    root, layout = host_root(tmp_path, "gpu-host")
-    spec = {"gpu-host": {"root": layout.root, "path": list(layout.path), "env": dict(layout.env)}}
-    (tmp_path / "layout.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(tmp_path / "layout.json"))
+    root = layout_host(tmp_path, "gpu-host", monkeypatch)
     monkeypatch.setattr(gpu_memory, "WAIT_S", 0.0)
     (root / "fake/gpu-memory.out").write_text("0, 143771, 17, 143235\n")
     return root

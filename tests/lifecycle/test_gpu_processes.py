@@ -3,7 +3,6 @@ of a test host), never a command string of their own."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,16 +17,12 @@ from pdctl.lifecycle.status import _gpu_memory
 from pdctl.markers import MARKER
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
-from tests.provision.support import host_root
+from tests.provision.support import layout_host
 
 
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root, layout = host_root(tmp_path, "gpu-host")
-    spec = {"gpu-host": {"root": layout.root, "path": list(layout.path), "env": dict(layout.env)}}
-    (tmp_path / "layout.json").write_text(json.dumps(spec))
-    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(tmp_path / "layout.json"))
-    return root
+    return layout_host(tmp_path, "gpu-host", monkeypatch)
 
 
 @pytest.fixture

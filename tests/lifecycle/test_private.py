@@ -40,6 +40,20 @@ def _deployment(lab: PrivateLab, tmp: Path, venv: str, hop: str) -> tuple[str, P
     return name, topo, env
 
 
+def _up(lab: PrivateLab, topo: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`pdctl up` from the CLI namespace; it starts everything and passes its smoke test."""
+    up = lab.pdctl("up", "-t", str(topo), "--skip-provision", env=env)
+    assert up.returncode == 0, up.stderr
+    assert "turn 2 hit" in up.stderr
+    return up
+
+
+def _assert_stopped(down: subprocess.CompletedProcess[str], name: str) -> None:
+    """`pdctl down` succeeded and left no process of deployment `name` on any host (one PID space)."""
+    assert down.returncode == 0, down.stderr
+    assert LocalTransport().find_by_marker(name) == []
+
+
 def test_no_route_from_the_cli_namespace(plab: PrivateLab) -> None:
     probe = "import socket, sys; socket.create_connection((sys.argv[1], 22), timeout=3)"
     direct = plab.in_cli("python3", "-c", probe, plab.hosts[0].address)
@@ -51,9 +65,7 @@ def test_no_route_from_the_cli_namespace(plab: PrivateLab) -> None:
 def test_whole_lifecycle_through_a_proxyjump_bastion(plab: PrivateLab, node_venv: str, tmp_path: Path) -> None:
     name, topo, env = _deployment(plab, tmp_path, node_venv, "jump")
     try:
-        up = plab.pdctl("up", "-t", str(topo), "--skip-provision", env=env)
-        assert up.returncode == 0, up.stderr
-        assert "turn 2 hit" in up.stderr
+        up = _up(plab, topo, env)
 
         status = plab.pdctl("status", "--json", "-t", str(topo), env=env)
         assert status.returncode == 0, status.stderr
@@ -83,9 +95,8 @@ def test_whole_lifecycle_through_a_proxyjump_bastion(plab: PrivateLab, node_venv
         _port_forward_reaches_the_router(plab, topo, env)
     finally:
         down = plab.pdctl("down", "-t", str(topo), env=env)
-    assert down.returncode == 0, down.stderr
+    _assert_stopped(down, name)
     assert "3 process(es) stopped, nothing left running" in down.stdout
-    assert LocalTransport().find_by_marker(name) == []
     key_file = tmp_path / "work" / name / "engine.key"
     key = key_file.read_text().strip()
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p != key_file]
@@ -116,15 +127,12 @@ def _port_forward_reaches_the_router(lab: PrivateLab, topo: Path, env: dict[str,
 def test_up_status_down_through_a_proxycommand(plab: PrivateLab, node_venv: str, tmp_path: Path) -> None:
     name, topo, env = _deployment(plab, tmp_path, node_venv, "command")
     try:
-        up = plab.pdctl("up", "-t", str(topo), "--skip-provision", env=env)
-        assert up.returncode == 0, up.stderr
-        assert "turn 2 hit" in up.stderr
+        _up(plab, topo, env)
         status = plab.pdctl("status", "--json", "-t", str(topo), env=env)
         assert status.returncode == 0 and json.loads(status.stdout)["healthy"] is True
     finally:
         down = plab.pdctl("down", "-t", str(topo), env=env)
-    assert down.returncode == 0, down.stderr
-    assert LocalTransport().find_by_marker(name) == []
+    _assert_stopped(down, name)
 
 
 def test_a_bastion_that_refuses_is_named_with_the_node(plab: PrivateLab, node_venv: str, tmp_path: Path) -> None:

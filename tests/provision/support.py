@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import tarfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pdctl.facts.base import HostLayout
 from pdctl.remote.base import CommandResult
@@ -47,6 +50,15 @@ def host_root(base: Path, name: str) -> tuple[Path, HostLayout]:
     env = {"FAKE_HOST_ROOT": str(root), **system_site_env(root / "userbase")}
     layout = HostLayout(root=str(root), path=(str(FAKEBIN),), env=env)
     return root, layout
+
+
+def layout_host(tmp: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh host `name` (see `host_root`) that pdctl's facts read through `PDCTL_HOST_LAYOUT`; its root."""
+    root, layout = host_root(tmp, name)
+    spec = {name: {"root": layout.root, "path": list(layout.path), "env": dict(layout.env)}}
+    (tmp / "layout.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(tmp / "layout.json"))
+    return root
 
 
 def _record_hash(data: bytes) -> str:

@@ -16,23 +16,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from tests.support.netns import (
-    LOCK,
-    PREFIX,
-    LabHost,
-    SshLab,
-    _ip,
-    _keygen,
-    _kill_netns_pids,
-    _labs,
-    _remove_stale,
-    unavailable,
-)
+from tests.support.netns import PREFIX, LabHost, SshLab, _labs, fixture_lab, locked, prepare_keys
 
 
 @dataclass
@@ -41,71 +28,33 @@ class PrivateLab(SshLab):
     public_subnet: str = ""
     bastion: LabHost | None = None
     cli_netns: str = ""
-    extra_links: list[str] = field(default_factory=list)
 
     @classmethod
     def create_private(cls, tmp: Path, count: int = 3) -> PrivateLab:
-        import fcntl
-
-        tmp.mkdir(parents=True, exist_ok=True)
-        _remove_stale()
-        client_key = tmp / "client_key"
-        _keygen(client_key)
-        (tmp / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        client_key = prepare_keys(tmp)
         tag, ptag = (f"{PREFIX}{os.getpid()}{next(_labs)}" for _ in range(2))
         x = os.getpid() % 250 + 1
         private, public = f"10.124.{x}", f"10.125.{x}"
-        LOCK.touch()
-        with LOCK.open() as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked():
             lab = cls(tmp=tmp, subnet=private, bridge=f"{tag}br", client_key=client_key,
                       public_bridge=f"{ptag}br", public_subnet=public, cli_netns=f"{ptag}y")
-            try:
+            with lab.closed_on_failure():
                 for bridge in (lab.bridge, lab.public_bridge):
-                    _ip("link", "add", bridge, "type", "bridge")
-                    _ip("link", "set", bridge, "up")
-            except BaseException:
-                lab.close()
-                raise
-        try:
+                    lab.add_bridge(bridge)
+        with lab.closed_on_failure():
             bastion = f"{tag}z"
-            lab._netns(bastion, lab.public_bridge, f"{public}.5", f"{ptag}zv")
-            _ip("link", "add", f"{tag}zv", "type", "veth", "peer", "name", "eth1", "netns", bastion)
-            _ip("link", "set", f"{tag}zv", "master", lab.bridge, "up")
-            _ip("-n", bastion, "addr", "add", f"{private}.5/24", "dev", "eth1")
-            _ip("-n", bastion, "link", "set", "eth1", "up")
-            lab.extra_links.append(f"{tag}zv")
-            lab.bastion = LabHost(node="bastion", netns=bastion, address=f"{public}.5", host_key=tmp / "host_bastion")
-            _keygen(lab.bastion.host_key)
-            lab.start_sshd(lab.bastion)
-            lab._netns(lab.cli_netns, lab.public_bridge, f"{public}.2", f"{ptag}yv")
+            lab.add_netns(bastion, lab.public_bridge, f"{public}.5", f"{ptag}zv")
+            lab.attach(bastion, lab.bridge, f"{private}.5", f"{tag}zv", "eth1")
+            lab.bastion = lab.start_host("bastion", bastion, f"{public}.5")
+            lab.add_netns(lab.cli_netns, lab.public_bridge, f"{public}.2", f"{ptag}yv")
             for i in range(count):
-                node, netns, address = f"h{i + 1}", f"{tag}{chr(ord('a') + i)}", f"{private}.{10 + i}"
-                lab._netns(netns, lab.bridge, address, f"{netns}v")
-                host = LabHost(node=node, netns=netns, address=address, host_key=tmp / f"host_{node}")
-                _keygen(host.host_key)
-                lab.start_sshd(host)
-                lab.hosts.append(host)
-            for host in [lab.bastion, *lab.hosts]:
+                lab.hosts.append(lab.add_host(f"h{i + 1}", f"{tag}{chr(ord('a') + i)}", f"{private}.{10 + i}"))
+            for host in lab.servers():
                 _wait_listening(host)
-        except BaseException:
-            lab.close()
-            raise
         return lab
 
-    def _netns(self, netns: str, bridge: str, address: str, veth: str) -> None:
-        _ip("netns", "add", netns)
-        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _ip("link", "set", veth, "master", bridge, "up")
-        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
-        _ip("-n", netns, "link", "set", "eth0", "up")
-        _ip("-n", netns, "link", "set", "lo", "up")
-        self.extra_links.append(veth)
-
-    def known_hosts(self, hosts: list[LabHost] | None = None) -> Path:
-        assert self.bastion is not None
-        return super().known_hosts([self.bastion, *self.hosts] if hosts is None else hosts)
+    def servers(self) -> list[LabHost]:
+        return [*([self.bastion] if self.bastion else []), *self.hosts]
 
     def private_config(self, hop: str = "jump") -> Path:
         """`~/.ssh/config`-style file: the bastion, and `Include` of the node entries behind it."""
@@ -129,16 +78,6 @@ class PrivateLab(SshLab):
     def pdctl(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.in_cli(sys.executable, "-m", "pdctl", *args, env=env)
 
-    def close(self) -> None:
-        for host in [*self.hosts, *([self.bastion] if self.bastion else [])]:
-            self.stop_sshd(host)
-        for netns in [h.netns for h in self.hosts] + ([self.bastion.netns] if self.bastion else []) + \
-                [self.cli_netns]:
-            _kill_netns_pids(netns)
-            _ip("netns", "del", netns, check=False)
-        for link in [*self.extra_links, self.bridge, self.public_bridge]:
-            _ip("link", "del", link, check=False)
-
 
 def _wait_listening(host: LabHost, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
@@ -155,13 +94,5 @@ def _wait_listening(host: LabHost, timeout: float = 15.0) -> None:
 
 @contextmanager
 def private_lab(directory: Path, count: int = 3) -> Iterator[PrivateLab]:
-    reason = unavailable()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"SSH test hosts are required in CI but cannot be created: {reason}")
-        pytest.skip(f"SSH test hosts: {reason}")
-    lab = PrivateLab.create_private(directory, count=count)
-    try:
+    with fixture_lab(lambda: PrivateLab.create_private(directory, count=count)) as lab:
         yield lab
-    finally:
-        lab.close()

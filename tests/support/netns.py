@@ -19,10 +19,11 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import pytest
 
@@ -30,6 +31,7 @@ SSHD = "/usr/sbin/sshd"
 PREFIX = "pd"
 LOCK = Path("/tmp/pdctl-netns.lock")
 _labs = iter("abcdefghijklmnopqrstuvwxyz")
+LabT = TypeVar("LabT", bound="SshLab")
 
 
 def unavailable() -> str | None:
@@ -77,46 +79,63 @@ class SshLab:
     bridge: str
     client_key: Path
     hosts: list[LabHost] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # bridges and our ends of the veth pairs, in creation order
 
     @classmethod
     def create(cls, tmp: Path, count: int = 3) -> SshLab:
-        tmp.mkdir(parents=True, exist_ok=True)
-        _remove_stale()
-        client_key = tmp / "client_key"
-        _keygen(client_key)
-        (tmp / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        client_key = prepare_keys(tmp)
         tag = f"{PREFIX}{os.getpid()}{next(_labs)}"
-        LOCK.touch()
-        with LOCK.open() as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with locked():
             subnet = _free_subnet()
             lab = cls(tmp=tmp, subnet=subnet, bridge=f"{tag}br", client_key=client_key)
-            try:
-                _ip("link", "add", lab.bridge, "type", "bridge")
-                _ip("addr", "add", f"{subnet}.1/24", "dev", lab.bridge)
-                _ip("link", "set", lab.bridge, "up")
-            except BaseException:
-                lab.close()
-                raise
-        try:
+            with lab.closed_on_failure():
+                lab.add_bridge(lab.bridge, f"{subnet}.1/24")
+        with lab.closed_on_failure():
             for i in range(count):
-                lab.hosts.append(lab._add_host(f"h{i + 1}", f"{tag}{chr(ord('a') + i)}", f"{subnet}.{10 + i}"))
+                lab.hosts.append(lab.add_host(f"h{i + 1}", f"{tag}{chr(ord('a') + i)}", f"{subnet}.{10 + i}"))
             for host in lab.hosts:
                 _wait_port(host.address, 22, host)
-        except BaseException:
-            lab.close()
-            raise
         return lab
 
-    def _add_host(self, node: str, netns: str, address: str) -> LabHost:
+    @contextmanager
+    def closed_on_failure(self) -> Iterator[None]:
+        """Whatever a failed step of building the lab left is removed at once."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+    def add_bridge(self, name: str, address: str | None = None) -> None:
+        self.links.append(name)
+        _ip("link", "add", name, "type", "bridge")
+        if address is not None:
+            _ip("addr", "add", address, "dev", name)
+        _ip("link", "set", name, "up")
+
+    def add_netns(self, netns: str, bridge: str, address: str, veth: str) -> None:
+        """A namespace whose `eth0` (`address`/24) is the peer of `veth` on `bridge`; `lo` up."""
+        self.namespaces.append(netns)
         _ip("netns", "add", netns)
-        veth = f"{netns}v"
-        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _ip("link", "set", veth, "master", self.bridge, "up")
-        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
-        _ip("-n", netns, "link", "set", "eth0", "up")
+        self.attach(netns, bridge, address, veth, "eth0")
         _ip("-n", netns, "link", "set", "lo", "up")
+
+    def attach(self, netns: str, bridge: str, address: str, veth: str, dev: str) -> None:
+        """An interface `dev` (`address`/24) in `netns`: the peer of `veth`, which hangs on `bridge`."""
+        self.links.append(veth)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", dev, "netns", netns)
+        _ip("link", "set", veth, "master", bridge, "up")
+        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", dev)
+        _ip("-n", netns, "link", "set", dev, "up")
+
+    def add_host(self, node: str, netns: str, address: str) -> LabHost:
+        """A host on the lab's bridge: its namespace and its sshd."""
+        self.add_netns(netns, self.bridge, address, f"{netns}v")
+        return self.start_host(node, netns, address)
+
+    def start_host(self, node: str, netns: str, address: str) -> LabHost:
+        """A host key made here, and sshd with it on `address` in `netns` (an existing namespace)."""
         host = LabHost(node=node, netns=netns, address=address, host_key=self.tmp / f"host_{node}")
         _keygen(host.host_key)
         self.start_sshd(host)
@@ -159,9 +178,9 @@ class SshLab:
         host.sshd = None
 
     def known_hosts(self, hosts: list[LabHost] | None = None) -> Path:
-        """A known_hosts file trusting `hosts` (default: all)."""
+        """A known_hosts file trusting `hosts` (default: every server of the lab)."""
         path = self.tmp / f"known_hosts_{time.monotonic_ns()}"
-        path.write_text("".join(h.host_key_line + "\n" for h in (self.hosts if hosts is None else hosts)))
+        path.write_text("".join(h.host_key_line + "\n" for h in (self.servers() if hosts is None else hosts)))
         return path
 
     def ssh_config(self, extra: str = "") -> Path:
@@ -174,14 +193,20 @@ class SshLab:
         path.write_text("\n".join(blocks) + extra)
         return path
 
+    def servers(self) -> list[LabHost]:
+        """Every host running an sshd of this lab."""
+        return self.hosts
+
     def close(self) -> None:
-        for host in self.hosts:
+        for host in self.servers():
             self.stop_sshd(host)
-            _kill_netns_pids(host.netns)
-            # Deleting our end removes the pair now; the namespace itself may linger while TIME_WAIT sockets do.
-            _ip("link", "del", f"{host.netns}v", check=False)
-            _ip("netns", "del", host.netns, check=False)
-        _ip("link", "del", self.bridge, check=False)
+        for netns in self.namespaces:
+            _kill_netns_pids(netns)
+        # Deleting our end removes the pair now; the namespace itself may linger while TIME_WAIT sockets do.
+        for link in reversed(self.links):  # the veths, then the bridges they hang on
+            _ip("link", "del", link, check=False)
+        for netns in self.namespaces:
+            _ip("netns", "del", netns, check=False)
 
 
 def _keygen(path: Path) -> None:
@@ -242,16 +267,48 @@ def _remove_stale() -> None:
             _ip("netns", "del", name, check=False)
 
 
+def prepare_keys(tmp: Path) -> Path:
+    """A new lab's directory and client key (authorized for root on every host); stale labs are removed first."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    _remove_stale()
+    client_key = tmp / "client_key"
+    _keygen(client_key)
+    (tmp / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    return client_key
+
+
 @contextmanager
-def running_lab(directory: Path, count: int) -> Iterator[SshLab]:
-    """A lab for a fixture; skipped with the reason where namespaces cannot exist, except under CI (must run)."""
+def locked() -> Iterator[None]:
+    """One session at a time picks addresses and makes bridges: two must never take the same subnet."""
+    LOCK.touch()
+    with LOCK.open() as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def skip_or_fail(required: str, skipped: str) -> NoReturn:
+    """A lab that cannot exist here: the test is skipped, except under CI, where it must run and so fails."""
+    if os.environ.get("CI"):
+        pytest.fail(required)
+    pytest.skip(skipped)
+
+
+@contextmanager
+def fixture_lab(create: Callable[[], LabT]) -> Iterator[LabT]:
+    """The lab `create` makes, for a fixture (closed after it); skipped or failed where namespaces cannot exist."""
     reason = unavailable()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"SSH test hosts are required in CI but cannot be created: {reason}")
-        pytest.skip(f"SSH test hosts: {reason}")
-    lab = SshLab.create(directory, count=count)
+        skip_or_fail(f"SSH test hosts are required in CI but cannot be created: {reason}", f"SSH test hosts: {reason}")
+    lab = create()
     try:
         yield lab
     finally:
         lab.close()
+
+
+@contextmanager
+def running_lab(directory: Path, count: int) -> Iterator[SshLab]:
+    """A lab of `count` hosts for a fixture."""
+    with fixture_lab(lambda: SshLab.create(directory, count=count)) as lab:
+        yield lab

@@ -22,10 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import free_port
-from tests.support.netns import SshLab, running_lab
+from tests.support.netns import SshLab, running_lab, skip_or_fail
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "nsenter")
 
@@ -161,16 +159,14 @@ def running_slurm(directory: Path, count: int = 3) -> Iterator[SlurmLab]:
     """A cluster for a session fixture; skipped with the reason where it cannot run, except under CI (must run)."""
     reason = unavailable()
     if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"a Slurm test cluster is required in CI but cannot be started: {reason}")
-        pytest.skip(f"Slurm test cluster: {reason}")
+        skip_or_fail(f"a Slurm test cluster is required in CI but cannot be started: {reason}",
+                     f"Slurm test cluster: {reason}")
     with running_lab(directory / "lab", count) as lab:
         try:
             cluster = SlurmLab.create(directory / "slurm", lab)
         except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-            if os.environ.get("CI"):
-                pytest.fail(f"a Slurm test cluster is required in CI but did not start: {exc}")
-            pytest.skip(f"Slurm test cluster did not start: {exc}")
+            skip_or_fail(f"a Slurm test cluster is required in CI but did not start: {exc}",
+                         f"Slurm test cluster did not start: {exc}")
         old = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = str(cluster.conf)
         try:
