@@ -23,6 +23,7 @@ from pdctl.router import decode, jsonx, proxy, wire
 from pdctl.router.context import RequestContext
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
+from pdctl.router.sse import SseEvents
 from pdctl.router.state import RouterState
 
 MAX_PROMPTS = 256
@@ -115,7 +116,8 @@ class _Relay:
         self.failed = False
         self._error = False
         self._relayed = False
-        self._buf = b""
+        self._error_body = b""
+        self._events = SseEvents()
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -133,9 +135,9 @@ class _Relay:
         if self._error and self._relayed:
             await self.send(message)
         elif self._error:  # an error answer inside the batch's stream becomes its error event
-            self._buf += message.get("body", b"")
+            self._error_body += message.get("body", b"")
             if not more:
-                event = b"data: " + self._buf + b"\n\ndata: [DONE]\n\n"
+                event = b"data: " + self._error_body + b"\n\ndata: [DONE]\n\n"
                 await self.send({"type": "http.response.body", "body": event, "more_body": False})
         else:
             out = self._rewrite(message.get("body", b""))
@@ -143,14 +145,8 @@ class _Relay:
                              "more_body": more or not (self.last or self.failed)})
 
     def _rewrite(self, data: bytes) -> bytes:
-        buf = self._buf + data
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            self._buf = buf
-            return b""
-        self._buf = buf[cut + 2 :]
         out = []
-        for event in buf[:cut].split(b"\n\n"):
+        for event in self._events.feed(data):
             event = event.strip(b"\r\n")
             if event == b"data: [DONE]":
                 if self.last and not self.failed:
