@@ -94,8 +94,8 @@ async def completions(state: RouterState, ctx: RequestContext, receive: Receive,
 
 
 def _headers(outs: list[_Collect]) -> list[tuple[bytes, bytes]]:
-    ms = max(float(o.header(b"x-pd-prefill-ms") or 0) for o in outs)
-    return [(b"x-pd-prefill-ms", f"{ms:.1f}".encode()),
+    ms = max(float(o.header(wire.PREFILL_MS_HEADER.encode()) or 0) for o in outs)
+    return [wire.raw_ms(wire.PREFILL_MS_HEADER, ms),
             (wire.REUSE_HEADER.encode(), b", ".join(o.header(wire.REUSE_HEADER.encode()) for o in outs))]
 
 
@@ -181,7 +181,7 @@ async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, se
     if not state.decode.healthy():
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
-    headers = [(b"x-pd-prefill-ms", b"0.0"), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
+    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
     if not await proxy.admit(state.decode_gate, send, headers):
         return
     try:
