@@ -37,6 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pdctl.router import wire  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.support.sim_procs import SERVED, SimProc, start_sim, stop_group, wait_for_health  # noqa: E402
 
@@ -150,7 +151,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any], ta
                 await r.aread()
                 kind = f"http_{r.status_code}"
                 raise _Before(kind)
-            tally.reuse[r.headers.get("x-pd-kv-reuse", "").split(";")[0]] += 1
+            tally.reuse[wire.Reuse.parse(r.headers.get(wire.REUSE_HEADER)).outcome] += 1
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue

@@ -23,8 +23,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,15 +34,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.conftest import free_port
+from tests.support.sim_procs import stop_group
+
 MODEL = "Qwen"
 MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
         "remote_host": None, "remote_port": None}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pinned(cores: list[int]) -> Any:
@@ -283,11 +278,7 @@ def main() -> None:
                       f"p99 {r['p99_ms']:>8} ms  errors {r['errors']}", flush=True)
     finally:
         for p in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in running:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
+            stop_group(p)
     report(rows, cores, pairs, args)
 
 

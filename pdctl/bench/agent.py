@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from pdctl.bench.client import ClientOptions, send
+from pdctl.bench.client import ClientOptions, player
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.workload import TEXT_APIS, Api, Conversation, ConversationPlan, Segment
 from pdctl.errors import UsageError
@@ -121,27 +121,19 @@ async def play_sessions(
     arrival and think times (a simulator at --speed 10 wants 10). One record per request, turn 0 cold."""
     plans = build_sessions(spec)
     starts = arrivals(spec)
-    records: list[RequestRecord] = []
-    limits = httpx.Limits(max_connections=spec.sessions + 2, max_keepalive_connections=spec.sessions + 2)
-    timeout = httpx.Timeout(opts.timeout, connect=10.0)
     opts = ClientOptions(**{**opts.__dict__, "api": spec.api, "output_tokens": spec.output_tokens})
     t0 = time.monotonic()
-    async with httpx.AsyncClient(base_url=opts.url, timeout=timeout, limits=limits, transport=transport) as client:
+    async with player(opts, leg, spec.sessions, on_record, transport) as p:
 
         async def session(plan: ConversationPlan, start: float) -> None:
             await asyncio.sleep(max(0.0, t0 + start / time_scale - time.monotonic()))
             conv = Conversation(plan, spec.api, f"{leg}-{plan.key}")
             thinks = think_times(spec, plan.index)
             while not conv.done:
-                rec, reply = await send(client, conv, opts, leg, plan.index)
-                records.append(rec)
-                if on_record is not None:
-                    on_record(rec)
-                if not rec.ok:
+                if not await p.turn(conv, plan.index):
                     return
-                conv.advance("".join(reply.text), reply.ids)
                 if not conv.done:
                     await asyncio.sleep(thinks[conv.turn - 1] / time_scale)
 
-        await asyncio.gather(*(session(p, s) for p, s in zip(plans, starts, strict=True)))
-    return records
+        await asyncio.gather(*(session(plan, s) for plan, s in zip(plans, starts, strict=True)))
+    return p.records

@@ -11,7 +11,8 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,10 +63,7 @@ async def play(
     queue: asyncio.Queue[Conversation] = asyncio.Queue()
     for conv in conversations:
         queue.put_nowait(conv)
-    records: list[RequestRecord] = []
-    limits = httpx.Limits(max_connections=opts.clients + 2, max_keepalive_connections=opts.clients + 2)
-    timeout = httpx.Timeout(opts.timeout, connect=10.0)
-    async with httpx.AsyncClient(base_url=opts.url, timeout=timeout, limits=limits, transport=transport) as client:
+    async with player(opts, leg, opts.clients, on_record, transport) as p:
 
         async def worker(client_id: int) -> None:
             rng = random.Random(opts.seed * 1000 + client_id)
@@ -74,16 +72,43 @@ async def play(
                 while not conv.done:
                     if opts.rate > 0:
                         await asyncio.sleep(rng.expovariate(opts.rate))
-                    rec, reply = await send(client, conv, opts, leg, client_id)
-                    records.append(rec)
-                    if on_record is not None:
-                        on_record(rec)
-                    if not rec.ok:
+                    if not await p.turn(conv, client_id):
                         break
-                    conv.advance("".join(reply.text), reply.ids)
 
         await asyncio.gather(*(worker(i) for i in range(max(1, opts.clients))))
-    return records
+    return p.records
+
+
+class Player:
+    """Plays conversations' turns over one HTTP client: one record per request, each reported to `on_record`."""
+
+    def __init__(self, client: httpx.AsyncClient, opts: ClientOptions, leg: str,
+                 on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.client, self.opts, self.leg, self.on_record = client, opts, leg, on_record
+        self.records: list[RequestRecord] = []
+
+    async def turn(self, conv: Conversation, client_id: int) -> bool:
+        """Send the conversation's next turn and advance it by the reply; False when the turn failed."""
+        rec, reply = await send(self.client, conv, self.opts, self.leg, client_id)
+        self.records.append(rec)
+        if self.on_record is not None:
+            self.on_record(rec)
+        if not rec.ok:
+            return False
+        conv.advance("".join(reply.text), reply.ids)
+        return True
+
+
+@asynccontextmanager
+async def player(
+    opts: ClientOptions, leg: str, concurrency: int, on_record: Callable[[RequestRecord], None] | None,
+    transport: httpx.AsyncBaseTransport | None,
+) -> AsyncIterator[Player]:
+    """A Player whose client keeps a connection for each of `concurrency` conversations played at once."""
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    timeout = httpx.Timeout(opts.timeout, connect=10.0)
+    async with httpx.AsyncClient(base_url=opts.url, timeout=timeout, limits=limits, transport=transport) as client:
+        yield Player(client, opts, leg, on_record)
 
 
 async def send(

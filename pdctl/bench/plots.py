@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from pdctl.bench.capacity import Point, Slo
 from pdctl.bench.records import BenchResult, LegResult
@@ -85,21 +86,17 @@ def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) -> None:
-    legs = [leg.name for leg in result.legs]
     lengths = sorted({s.length for s in splits})
-    width = 0.8 / max(1, len(legs))
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, leg in enumerate(result.legs):
         by_len = {s.length: s for s in splits if s.leg == leg.name}
-        xs = [j + (i - (len(legs) - 1) / 2) * width for j in range(len(lengths))]
+        xs, width = _bars(i, len(result.legs), len(lengths))
         compute = [_nz(by_len[n].compute_ms) if n in by_len else 0.0 for n in lengths]
         kv = [_nz(by_len[n].kv_ms) if n in by_len else 0.0 for n in lengths]
         color = colors[i % len(colors)]
@@ -114,9 +111,7 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
     ax.set_title(f"Prefill duration per length — {label(result)}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> None:
@@ -145,22 +140,19 @@ def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> N
     ax_t.set_ylabel("TTFT of warm turns (ms)")
     ax_i.set_ylabel("p99 of each request's largest inter-token gap (ms)")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_stages(result: BenchResult, rows: list[StageRow], path: Path) -> None:
     """Warm-turn TTFT per length as stacked stages, one bar per leg (stages.py)."""
     legs = [leg.name for leg in result.legs]
     lengths = sorted({r.length for r in rows})
-    width = 0.8 / max(1, len(legs))
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, leg in enumerate(legs):
         by_len = {r.length: r for r in rows if r.leg == leg}
-        xs = [j + (i - (len(legs) - 1) / 2) * width for j in range(len(lengths))]
+        xs, width = _bars(i, len(legs), len(lengths))
         bottom = [0.0] * len(lengths)
         for k, stage in enumerate(STAGES):
             ys = [by_len[n].stages[stage] if n in by_len else 0.0 for n in lengths]
@@ -176,6 +168,16 @@ def plot_stages(result: BenchResult, rows: list[StageRow], path: Path) -> None:
     ax.set_title(f"Where warm-turn TTFT goes — {label(result)}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _bars(i: int, legs: int, lengths: int) -> tuple[list[float], float]:
+    """Where leg i's bar stands at each length (the legs' bars side by side around the length's tick), and its width."""
+    width = 0.8 / max(1, legs)
+    return [j + (i - (legs - 1) / 2) * width for j in range(lengths)], width
+
+
+def _save(plt: ModuleType, fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

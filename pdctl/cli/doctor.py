@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from pdctl.cli.errors import call
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import out, print_json
 from pdctl.cli.support import load_topology
-from pdctl.lifecycle.doctor import DoctorReport, HostChecks, doctor
+from pdctl.lifecycle.doctor import diagnose
 
 
 def doctor_command(
@@ -24,23 +23,8 @@ def doctor_command(
     Also lists what `pdctl up` would change on each node (each provisioning step's first change).
     Changes nothing. Exits 1 when any check fails.
     """
-
-    def run() -> DoctorReport:
-        from pdctl.lifecycle.connect import reachable
-        from pdctl.plan import plan
-        from pdctl.slurm.allocation import bound
-
-        topo = bound(load_topology(topology, overrides))
-        options = ssh_options(accept_new_host_keys, ssh_config, known_hosts)
-        with reachable(topo.nodes, options) as (hosts, failed):
-            report = doctor(topo, plan(topo), hosts)
-        for node, exc in failed.items():
-            unreachable = HostChecks(node)
-            unreachable.add("connect", False, exc.message, exc.hint or "check the node's address and SSH access")
-            report.hosts.append(unreachable)
-        return report
-
-    report = call(run)
+    topo = load_topology(topology, overrides)
+    report = diagnose(topo, ssh_options(accept_new_host_keys, ssh_config, known_hosts))
     if as_json:
         print_json(report.to_json())
     else:

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from pdctl.cli.errors import call
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json, say
 from pdctl.cli.support import load_topology
@@ -34,29 +33,26 @@ def up(
     from pdctl.lifecycle import UpOptions
     from pdctl.lifecycle import up as do_up
 
-    def run() -> bool:
-        topo = load_topology(topology, overrides)
-        opts = UpOptions(
-            ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
-            provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
-        )
-        if dry_run:
-            from pdctl.lifecycle.dry_run import dry_run as do_dry_run
-            from pdctl.lifecycle.dry_run import render_dry_run
+    topo = load_topology(topology, overrides)
+    opts = UpOptions(
+        ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
+        provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
+    )
+    if dry_run:
+        from pdctl.lifecycle.dry_run import dry_run as do_dry_run
+        from pdctl.lifecycle.dry_run import render_dry_run
 
-            report = do_dry_run(topo, opts)
-            render_dry_run(report, out)
-            return report.ok
-        dep = do_up(topo, err, opts)
-        if dep.started:
-            out.print(f"[green]up[/] {dep.name}: started {', '.join(dep.started)}", highlight=False)
-        else:
-            out.print(f"[green]up[/] {dep.name}: already running, no changes", highlight=False)
-        out.print(f"router: {dep.router_url}", highlight=False)
-        return True
-
-    if not call(run):
-        raise typer.Exit(1)
+        report = do_dry_run(topo, opts)
+        render_dry_run(report, out)
+        if not report.ok:
+            raise typer.Exit(1)
+        return
+    dep = do_up(topo, err, opts)
+    if dep.started:
+        out.print(f"[green]up[/] {dep.name}: started {', '.join(dep.started)}", highlight=False)
+    else:
+        out.print(f"[green]up[/] {dep.name}: already running, no changes", highlight=False)
+    out.print(f"router: {dep.router_url}", highlight=False)
 
 
 def status(

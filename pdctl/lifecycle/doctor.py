@@ -22,14 +22,16 @@ from pdctl.facts.gpu import GpuMemory, GpuMemoryUse, NvidiaSmi
 from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
 from pdctl.facts.python import VllmCompat
 from pdctl.lifecycle import provision
+from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.provision import contexts
 from pdctl.operations import efa as efa_op
 from pdctl.operations import model, python
 from pdctl.operations.base import Context
 from pdctl.operations.dry import Preview
-from pdctl.plan import ProcessSpec
+from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
+from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
 Status = Literal["ok", "fail", "info"]
@@ -253,3 +255,18 @@ def doctor(
         versions[node] = {k: v for k, v in found.items() if v}
     _same_versions(reports, list(ctxs.values()), versions)
     return DoctorReport(list(reports.values()))
+
+
+def diagnose(topo: Topology, ssh: SshOptions | None = None) -> DoctorReport:
+    """`pdctl doctor`: connect to every node (a Slurm topology's through its job), judge those that answer, and
+    report each one that does not as a failed `connect` check."""
+    from pdctl.slurm.allocation import bound
+
+    topo = bound(topo)
+    with reachable(topo.nodes, ssh) as (hosts, failed):
+        report = doctor(topo, plan(topo), hosts)
+    for node, exc in failed.items():
+        unreachable = HostChecks(node)
+        unreachable.add("connect", False, exc.message, exc.hint or "check the node's address and SSH access")
+        report.hosts.append(unreachable)
+    return report

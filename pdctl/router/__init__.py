@@ -18,11 +18,13 @@ Modules, one concept each:
     middleware    request id, auth, body limit + JSON (415, 408, depth) + sanitising, HTTP/1.0 replies
     prefill       the prefill hop (with its retry as a miss)
     decode        the decode hop: stream through, capture the new handle, strip internals
+    sse           whole server-sent events out of an upstream's byte stream
     proxy         one completion request, start to end
     batches       a list of prompts (one flow each) and n > 1 (a decode alone)
     identity      conversation ids from the headers agent tools send
     chatstream    a chat answer as neutral events (whole and streamed alike)
     translated    the ASGI send that renders a chat answer in another API's shape
+    rendering     TurnRenderer: the skeleton of the Messages and Responses renderers (one output open at a time)
     responses     POST /v1/responses (responses_in, responses_out, response_store)
     messages      POST /v1/messages (messages_in, messages_out; apishape: Anthropic's error shape)
     passthrough   stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}

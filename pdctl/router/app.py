@@ -27,6 +27,7 @@ from pdctl.router.middleware import ApiKey, Http10, JsonBody, RequestId
 from pdctl.router.routes import ROUTES
 from pdctl.router.state import RouterState
 from pdctl.router.transport import FastTransport
+from pdctl.secret import bearer
 
 log = logging.getLogger("pdctl.router")
 
@@ -66,7 +67,7 @@ class Dispatcher:
     async def startup(self) -> None:
         cfg = self.state.config
         self.state.client = httpx.AsyncClient(
-            headers={"authorization": f"Bearer {cfg.engine_key}"} if cfg.engine_key else None,
+            headers=bearer(cfg.engine_key),
             transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )

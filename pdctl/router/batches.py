@@ -23,6 +23,7 @@ from pdctl.router import decode, jsonx, proxy, wire
 from pdctl.router.context import RequestContext
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
+from pdctl.router.sse import SseEvents
 from pdctl.router.state import RouterState
 
 MAX_PROMPTS = 256
@@ -93,8 +94,8 @@ async def completions(state: RouterState, ctx: RequestContext, receive: Receive,
 
 
 def _headers(outs: list[_Collect]) -> list[tuple[bytes, bytes]]:
-    ms = max(float(o.header(b"x-pd-prefill-ms") or 0) for o in outs)
-    return [(b"x-pd-prefill-ms", f"{ms:.1f}".encode()),
+    ms = max(float(o.header(wire.PREFILL_MS_HEADER.encode()) or 0) for o in outs)
+    return [wire.raw_ms(wire.PREFILL_MS_HEADER, ms),
             (wire.REUSE_HEADER.encode(), b", ".join(o.header(wire.REUSE_HEADER.encode()) for o in outs))]
 
 
@@ -115,7 +116,8 @@ class _Relay:
         self.failed = False
         self._error = False
         self._relayed = False
-        self._buf = b""
+        self._error_body = b""
+        self._events = SseEvents()
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -133,9 +135,9 @@ class _Relay:
         if self._error and self._relayed:
             await self.send(message)
         elif self._error:  # an error answer inside the batch's stream becomes its error event
-            self._buf += message.get("body", b"")
+            self._error_body += message.get("body", b"")
             if not more:
-                event = b"data: " + self._buf + b"\n\ndata: [DONE]\n\n"
+                event = b"data: " + self._error_body + b"\n\ndata: [DONE]\n\n"
                 await self.send({"type": "http.response.body", "body": event, "more_body": False})
         else:
             out = self._rewrite(message.get("body", b""))
@@ -143,14 +145,8 @@ class _Relay:
                              "more_body": more or not (self.last or self.failed)})
 
     def _rewrite(self, data: bytes) -> bytes:
-        buf = self._buf + data
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            self._buf = buf
-            return b""
-        self._buf = buf[cut + 2 :]
         out = []
-        for event in buf[:cut].split(b"\n\n"):
+        for event in self._events.feed(data):
             event = event.strip(b"\r\n")
             if event == b"data: [DONE]":
                 if self.last and not self.failed:
@@ -185,7 +181,7 @@ async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, se
     if not state.decode.healthy():
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
-    headers = [(b"x-pd-prefill-ms", b"0.0"), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
+    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
     if not await proxy.admit(state.decode_gate, send, headers):
         return
     try:

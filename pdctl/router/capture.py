@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdctl.router import jsonx
+from pdctl.router.sse import SseEvents
 
 
 class Capture:
@@ -98,20 +99,13 @@ class SseRewriter:
 
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
-        self._buf = b""
+        self._events = SseEvents()
 
     def feed(self, data: bytes) -> bytes:
-        buf = self._buf + data
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._buf = buf
-            return b""
-        self._buf = buf[end + 2 :]
-        return b"".join(self._event(e) for e in buf[:end].split(b"\n\n"))
+        return b"".join(self._event(e) for e in self._events.feed(data))
 
     def flush(self) -> bytes:
-        rest, self._buf = self._buf, b""
-        return self._event(rest) if rest.strip() else b""
+        return b"".join(self._event(e) for e in self._events.rest())
 
     def _event(self, event: bytes) -> bytes:
         event = event.strip(b"\r\n")

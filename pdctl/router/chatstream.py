@@ -67,26 +67,20 @@ class ChatReader:
     opened: set[int] = field(default_factory=set)
 
     def whole(self, body: dict[str, Any]) -> list[Event]:
-        self.model = str(body.get("model") or self.model)
-        choice = _choice0(body)
-        out: list[Event] = []
-        if choice is not None:
-            msg = choice.get("message") or {}
-            if isinstance(msg, dict):
-                out += self._part(msg)
-            if choice.get("finish_reason") is not None:
-                out.append(Finish(str(choice["finish_reason"])))
-        out += _usage(body)
-        return out
+        return self._read(body, "message")
 
     def chunk(self, obj: dict[str, Any]) -> list[Event]:
+        return self._read(obj, "delta")
+
+    def _read(self, obj: dict[str, Any], part: str) -> list[Event]:
+        """A body's choice 0 `message`, or a chunk's `delta`: the same fields, whole or in pieces."""
         self.model = str(obj.get("model") or self.model)
         choice = _choice0(obj)
         out: list[Event] = []
         if choice is not None:
-            delta = choice.get("delta") or {}
-            if isinstance(delta, dict):
-                out += self._part(delta)
+            given = choice.get(part) or {}
+            if isinstance(given, dict):
+                out += self._part(given)
             if choice.get("finish_reason") is not None:
                 out.append(Finish(str(choice["finish_reason"])))
         out += _usage(obj)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import httpx
 from starlette.types import Receive, Send
 
-from pdctl.router import jsonx
+from pdctl.router import jsonx, wire
 from pdctl.router.capture import Capture, SseRewriter
 from pdctl.router.context import RequestContext
 from pdctl.router.errors import error_body, relayed_error, send_bytes
@@ -146,7 +146,7 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
 
 def _decode_ms(sent: float) -> tuple[bytes, bytes]:
     """The decode stage: request sent to first byte (its KV pull, its first step), or to the whole body."""
-    return b"x-pd-decode-ms", f"{(time.perf_counter() - sent) * 1000:.1f}".encode()
+    return wire.raw_ms(wire.DECODE_MS_HEADER, (time.perf_counter() - sent) * 1000)
 
 
 async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive: Receive, send: Send, payload: bytes,

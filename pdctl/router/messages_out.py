@@ -14,33 +14,26 @@ from typing import Any
 
 from pdctl.router import jsonx
 from pdctl.router.apishape import anthropic_error
-from pdctl.router.chatstream import Event, Finish, Reasoning, Text, ToolArgs, ToolStart, Usage
+from pdctl.router.chatstream import ToolStart
+from pdctl.router.rendering import TurnRenderer
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-class MessagesRenderer:
+class MessagesRenderer(TurnRenderer):
     def __init__(self, model: str) -> None:
+        super().__init__()
         self.model = model
         self.id = f"msg_{uuid.uuid4().hex}"
-        self.reused = 0
-        self.blocks: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.finish: str | None = None
-        self.usage = (0, 0)
 
     def start(self) -> bytes:
         message = self._message(content=[], stop=None)
         return _event("message_start", message=message) + _event("ping")
 
-    def feed(self, events: list[Event]) -> bytes:
-        return b"".join(self._one(e) for e in events)
-
     def end(self) -> bytes:
         out = self._close()
-        usage = {"input_tokens": self.usage[0], "output_tokens": self.usage[1],
-                 "cache_read_input_tokens": self.reused}
+        prompt, completion = self.usage or (0, 0)
+        usage = {"input_tokens": prompt, "output_tokens": completion, "cache_read_input_tokens": self.reused}
         return out + _event("message_delta", delta={"stop_reason": self._stop(), "stop_sequence": None},
                             usage=usage) + _event("message_stop")
 
@@ -50,65 +43,45 @@ class MessagesRenderer:
 
     def final(self) -> dict[str, Any]:
         self._close()
-        return self._message(content=[_public(b) for b in self.blocks], stop=self._stop())
+        return self._message(content=[_public(b) for b in self.outputs], stop=self._stop())
 
     def error_body(self, status: int, message: str, kind: str) -> bytes:
         return anthropic_error(status, message)
 
-    def _one(self, e: Event) -> bytes:
-        if isinstance(e, Text):
-            out = self._ensure("text")
-            assert self.open is not None
-            self.open["text"] += e.text
-            return out + self._delta({"type": "text_delta", "text": e.text})
-        if isinstance(e, Reasoning):
-            out = self._ensure("thinking")
-            assert self.open is not None
-            self.open["thinking"] += e.text
-            return out + self._delta({"type": "thinking_delta", "thinking": e.text})
-        if isinstance(e, ToolStart):
-            out = self._close()
-            use: dict[str, Any] = {"type": "tool_use", "id": e.id, "name": e.name, "input": {}, "_json": ""}
-            self.calls[e.index] = use
-            return out + self._start(use)
-        if isinstance(e, ToolArgs):
-            call = self.calls.get(e.index)
-            if call is None:
-                return b""
-            call["_json"] += e.text
-            if call is not self.open:
-                return b""
-            return self._delta({"type": "input_json_delta", "partial_json": e.text})
-        if isinstance(e, Finish):
-            self.finish = e.reason
-        elif isinstance(e, Usage):
-            self.usage = (e.prompt, e.completion)
-        return b""
+    # -- content blocks -------------------------------------------------------------------------------------
+    def _text(self, text: str) -> bytes:
+        out, block = self._ensure("text")
+        block["text"] += text
+        return out + self._delta({"type": "text_delta", "text": text})
 
-    def _ensure(self, kind: str) -> bytes:
-        if self.open is not None and self.open["type"] == kind:
+    def _reasoning(self, text: str) -> bytes:
+        out, block = self._ensure("thinking")
+        block["thinking"] += text
+        return out + self._delta({"type": "thinking_delta", "thinking": text})
+
+    def _call(self, start: ToolStart) -> dict[str, Any]:
+        return {"type": "tool_use", "id": start.id, "name": start.name, "input": {}, "_json": ""}
+
+    def _args(self, call: dict[str, Any], text: str) -> bytes:
+        call["_json"] += text
+        if call is not self.open:
             return b""
-        out = self._close()
-        block: dict[str, Any] = {"type": "text", "text": ""} if kind == "text" else \
-            {"type": "thinking", "thinking": "", "signature": ""}
-        return out + self._start(block)
+        return self._delta({"type": "input_json_delta", "partial_json": text})
 
-    def _start(self, block: dict[str, Any]) -> bytes:
-        self.blocks.append(block)
-        self.open = block
-        return _event("content_block_start", index=len(self.blocks) - 1, content_block=_public(block, empty=True))
+    def _new(self, kind: str) -> dict[str, Any]:
+        return {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+
+    def _started(self, block: dict[str, Any]) -> bytes:
+        return _event("content_block_start", index=self._index(), content_block=_public(block, empty=True))
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return _event("content_block_delta", index=len(self.blocks) - 1, delta=delta)
+        return _event("content_block_delta", index=self._index(), delta=delta)
 
-    def _close(self) -> bytes:
-        block, self.open = self.open, None
-        if block is None:
-            return b""
+    def _closed(self, block: dict[str, Any]) -> bytes:
         out = b""
         if block["type"] == "thinking":
             out = self._delta({"type": "signature_delta", "signature": ""})
-        return out + _event("content_block_stop", index=self.blocks.index(block))
+        return out + _event("content_block_stop", index=self.outputs.index(block))
 
     def _stop(self) -> str | None:
         if self.finish is None:
@@ -116,9 +89,10 @@ class MessagesRenderer:
         return _STOP.get(self.finish, "end_turn")
 
     def _message(self, content: list[dict[str, Any]], stop: str | None) -> dict[str, Any]:
+        prompt, completion = self.usage or (0, 0)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": stop, "stop_sequence": None,
-                "usage": {"input_tokens": self.usage[0], "output_tokens": self.usage[1],
+                "usage": {"input_tokens": prompt, "output_tokens": completion,
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": self.reused}}
 
 

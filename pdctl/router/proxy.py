@@ -204,8 +204,8 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, taken.eligible)
         state.metrics.prefill_seconds.observe(pre.ms / 1000)
         log.info("[%s] Prefill done in %.0fms (kv %s)", rid, pre.ms, v.header)
-        headers = [(b"x-pd-prefill-ms", f"{pre.ms:.1f}".encode()), v.reuse.raw(),
-                   (b"x-pd-router-in-ms", f"{in_ms:.1f}".encode())]
+        headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, pre.ms), v.reuse.raw(),
+                   wire.raw_ms(wire.ROUTER_IN_MS_HEADER, in_ms)]
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
             return
@@ -245,7 +245,7 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
     h = taken.handle
     assert h is not None
     reuse = wire.Reuse("hit", cached, wire.DECODE_LOCAL)
-    headers = [(b"x-pd-prefill-ms", b"0.0"), reuse.raw()]
+    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
     res = await decode.run(state, ctx, receive, send, None, headers, only=d)
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)

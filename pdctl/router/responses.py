@@ -44,4 +44,4 @@ async def create(state: RouterState, ctx: RequestContext, receive: Receive, send
         sub.conversation = kept.conversation
     await proxy.completion(state, sub, receive, out)
     if out.ok and renderer.finish is not None and body.get("store", True) is not False:
-        store.put(response_id, req.history + output_messages(renderer.items), sub.conversation, whose)
+        store.put(response_id, req.history + output_messages(renderer.outputs), sub.conversation, whose)

@@ -17,8 +17,9 @@ import uuid
 from typing import Any
 
 from pdctl.router import jsonx
-from pdctl.router.chatstream import Event, Finish, Reasoning, Text, ToolArgs, ToolStart, Usage
+from pdctl.router.chatstream import ToolStart
 from pdctl.router.errors import error_body
+from pdctl.router.rendering import TurnRenderer
 
 # Request fields a response object echoes back.
 ECHO = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
@@ -29,27 +30,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponsesRenderer:
+class ResponsesRenderer(TurnRenderer):
     def __init__(self, request: dict[str, Any], model: str, response_id: str) -> None:
+        super().__init__()
         self.request = request
         self.model = model
         self.id = response_id
         self.created = int(time.time())
-        self.reused = 0
-        self.items: list[dict[str, Any]] = []
-        self.open: dict[str, Any] | None = None
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.finish: str | None = None
-        self.usage: tuple[int, int] | None = None
         self.seq = 0
 
     # -- the Renderer protocol ----------------------------------------------------------------------------
     def start(self) -> bytes:
         return self._emit("response.created", response=self._object("in_progress")) + \
             self._emit("response.in_progress", response=self._object("in_progress"))
-
-    def feed(self, events: list[Event]) -> bytes:
-        return b"".join(self._one(e) for e in events)
 
     def end(self) -> bytes:
         out = self._close()
@@ -71,69 +64,48 @@ class ResponsesRenderer:
         return error_body(status, message, kind)
 
     # -- output items ---------------------------------------------------------------------------------------
-    def _one(self, e: Event) -> bytes:
-        if isinstance(e, Text):
-            out = self._ensure("message")
-            item = self.open
-            assert item is not None
-            item["content"][0]["text"] += e.text
-            return out + self._emit("response.output_text.delta", item_id=item["id"], output_index=self._index(),
-                                    content_index=0, delta=e.text, logprobs=[])
-        if isinstance(e, Reasoning):
-            out = self._ensure("reasoning")
-            item = self.open
-            assert item is not None
-            item["content"][0]["text"] += e.text
-            return out + self._emit("response.reasoning_text.delta", item_id=item["id"],
-                                    output_index=self._index(), content_index=0, delta=e.text)
-        if isinstance(e, ToolStart):
-            out = self._close()
-            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": e.id,
-                    "name": e.name, "arguments": ""}
-            self.calls[e.index] = item
-            self.items.append(item)
-            self.open = item
-            return out + self._emit("response.output_item.added", output_index=self._index(), item=item)
-        if isinstance(e, ToolArgs):
-            call = self.calls.get(e.index)
-            if call is None:
-                return b""
-            call["arguments"] += e.text
-            return self._emit("response.function_call_arguments.delta", item_id=call["id"],
-                              output_index=self.items.index(call), delta=e.text)
-        if isinstance(e, Finish):
-            self.finish = e.reason
-        elif isinstance(e, Usage):
-            self.usage = (e.prompt, e.completion)
-        return b""
+    def _text(self, text: str) -> bytes:
+        out, item = self._ensure("message")
+        item["content"][0]["text"] += text
+        return out + self._emit("response.output_text.delta", item_id=item["id"], output_index=self._index(),
+                                content_index=0, delta=text, logprobs=[])
 
-    def _ensure(self, kind: str) -> bytes:
-        if self.open is not None and self.open["type"] == kind:
-            return b""
-        out = self._close()
+    def _reasoning(self, text: str) -> bytes:
+        out, item = self._ensure("reasoning")
+        item["content"][0]["text"] += text
+        return out + self._emit("response.reasoning_text.delta", item_id=item["id"], output_index=self._index(),
+                                content_index=0, delta=text)
+
+    def _call(self, start: ToolStart) -> dict[str, Any]:
+        return {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": start.id,
+                "name": start.name, "arguments": ""}
+
+    def _args(self, call: dict[str, Any], text: str) -> bytes:
+        call["arguments"] += text
+        return self._emit("response.function_call_arguments.delta", item_id=call["id"],
+                          output_index=self.outputs.index(call), delta=text)
+
+    def _new(self, kind: str) -> dict[str, Any]:
         if kind == "message":
-            item: dict[str, Any] = {"id": new_id("msg"), "type": "message", "status": "in_progress",
-                                    "role": "assistant", "content": []}
+            return {"id": new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                    "content": []}
+        return {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "encrypted_content": None,
+                "status": "in_progress"}
+
+    def _started(self, item: dict[str, Any]) -> bytes:
+        out = self._emit("response.output_item.added", output_index=self._index(), item=_copy(item))
+        if item["type"] == "message":
             part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": []}
-        else:
-            item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [], "encrypted_content": None,
-                    "status": "in_progress"}
-            part = {"type": "reasoning_text", "text": ""}
-        self.items.append(item)
-        self.open = item
-        out += self._emit("response.output_item.added", output_index=self._index(), item=_copy(item))
-        item["content"].append(part)
-        if kind == "message":
+            item["content"].append(part)
             out += self._emit("response.content_part.added", item_id=item["id"], output_index=self._index(),
                               content_index=0, part=_copy(part))
+        elif item["type"] == "reasoning":
+            item["content"].append({"type": "reasoning_text", "text": ""})
         return out
 
-    def _close(self) -> bytes:
-        item, self.open = self.open, None
-        if item is None:
-            return b""
+    def _closed(self, item: dict[str, Any]) -> bytes:
         item["status"] = "completed"
-        n = self.items.index(item)
+        n = self.outputs.index(item)
         out = b""
         if item["type"] == "message":
             part = item["content"][0]
@@ -149,9 +121,6 @@ class ResponsesRenderer:
                               name=item["name"], arguments=item["arguments"])
         return out + self._emit("response.output_item.done", output_index=n, item=item)
 
-    def _index(self) -> int:
-        return len(self.items) - 1
-
     def _status(self) -> str:
         return "incomplete" if self.finish == "length" else "completed"
 
@@ -161,7 +130,7 @@ class ResponsesRenderer:
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "model": self.model, "output": [_copy(i) for i in self.items],
+            "model": self.model, "output": [_copy(i) for i in self.outputs],
         }
         obj.update({k: req.get(k) for k in ECHO})
         obj["parallel_tool_calls"] = req.get("parallel_tool_calls", True)

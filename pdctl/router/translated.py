@@ -14,6 +14,7 @@ from starlette.types import Message, Send
 
 from pdctl.router import jsonx
 from pdctl.router.chatstream import ChatReader, Event, reused_tokens
+from pdctl.router.sse import SseEvents
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -65,7 +66,7 @@ class Translating:
         self.ok = False
         self._headers: list[tuple[bytes, bytes]] = []
         self._buf: list[bytes] = []
-        self._sse = b""
+        self._sse = SseEvents()
         self._closed = False
 
     async def __call__(self, message: Message) -> None:
@@ -113,12 +114,9 @@ class Translating:
         return self.status, r.error_body(self.status, message, kind)
 
     def _events(self, data: bytes, final: bool) -> bytes:
-        buf = self._sse + data
-        cut = buf.rfind(b"\n\n")
-        events, self._sse = (buf[:cut].split(b"\n\n"), buf[cut + 2 :]) if cut >= 0 else ([], buf)
-        if final and self._sse.strip():
-            events.append(self._sse)
-            self._sse = b""
+        events = self._sse.feed(data)
+        if final:
+            events += self._sse.rest()
         out = [self._event(e) for e in events]
         if final and not self._closed:  # the stream ended without [DONE]: the client still gets a whole stream
             self._closed = True

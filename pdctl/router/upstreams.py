@@ -32,10 +32,6 @@ class Upstream:
     generation: int = 0
     engine_id: str | None = None
 
-    def snapshot(self) -> dict[str, object]:
-        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "failures": self.failures,
-                "generation": self.generation}
-
 
 class Pool:
     def __init__(self, role: str, urls: Sequence[str], eject_after: int = 3) -> None:
@@ -77,9 +73,6 @@ class Pool:
         if u.engine_id is not None and u.engine_id != engine_id:
             self.lost(u)
         u.engine_id = engine_id
-
-    def snapshot(self) -> list[dict[str, object]]:
-        return [u.snapshot() for u in self.members]
 
 
 def load_cap(candidates: Sequence[Upstream], factor: float) -> int:

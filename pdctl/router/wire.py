@@ -5,7 +5,7 @@
         tokens   prompt tokens not recomputed (read from a decode, or found in its own cache on a local turn)
         reason   one of REASONS (why a hit, why a miss)
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
-    X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`parse_ms`).
+    X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
 
 Everything outside pdctl/router/ (status, the smoke test, the bench) reads the router through this module and
 `pdctl.router.config`; it imports nothing of pdctl, so the bench's client can carry it anywhere.
@@ -101,6 +101,11 @@ class Reuse:
 
 def _malformed(value: str, why: str) -> Reuse:
     return Reuse("malformed", 0, f"unreadable X-PD-KV-Reuse header {value.strip()!r}: {why}")
+
+
+def raw_ms(name: str, ms: float) -> tuple[bytes, bytes]:
+    """An X-PD-*-Ms header as the router writes it (one decimal), as the (name, value) pair ASGI sends."""
+    return name.encode(), f"{ms:.1f}".encode()
 
 
 def parse_ms(value: str | None) -> float | None:
