@@ -121,8 +121,8 @@ open('$base/corpus.txt', 'w').write(chr(10).join(corpus()))"; }
       done
       tail -n 25 "$base/up-bpe.log"; curl -sf http://127.0.0.1:8000/health
     }
-    step up 5 wait_up
-    step agg 60 agg
+    step up 5 wait_up || exit 3
+    step agg 60 agg || exit 3
     step corpus 5 corpus
     step tokenizer 60 "$hostpy" "$repo/scripts/gpu/tokenizer_vllm.py" --url http://127.0.0.1:8300 --model-dir "$bpe" \
       --reps 20 --json "$res/tokenizer.json"
