@@ -45,6 +45,7 @@ from scripts.router_bench import free_port, wait_health
 
 MODEL = "Qwen"
 TARGET_MS = 5.0
+KEY_FILE_ENV = "CRITICAL_PATH_ENGINE_KEY_FILE"  # the path travels in the environment, the key in no argv or log
 MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
         "remote_host": None, "remote_port": None}
 
@@ -75,7 +76,9 @@ def proxy_app(prefill: str, decode: str) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        state["c"] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=256))
+        key_file = os.environ.get(KEY_FILE_ENV)  # engines started with an API key (pdctl up writes engine.key)
+        auth = {"authorization": f"Bearer {Path(key_file).read_text().strip()}"} if key_file else None
+        state["c"] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=256), headers=auth)
         yield
         await state["c"].aclose()
 
@@ -184,6 +187,9 @@ def play_leg(name: str, furl: str, engines: list[str], args: argparse.Namespace,
             sys.exit(f"{name} at {n} tokens: {bad.error or bad.status}")
         result.records += records
         print(f"  {name} {n}: {len(records)} turns", file=sys.stderr, flush=True)
+        if args.json:  # as it goes, so a run cut short keeps what it measured
+            with args.json.with_suffix(".records.jsonl").open("a") as f:
+                f.writelines(json.dumps(r.to_json()) + "\n" for r in records)
     return result
 
 
@@ -195,7 +201,8 @@ def running_legs(args: argparse.Namespace, logs: Path) -> list[LegResult]:
     if args.api in ("chat",) and args.tokens_per_word == 0:
         args.tokens_per_word = probe_tokens_per_word(prefill, args)
     fp = free_port()
-    proxy = start([sys.executable, __file__, "--proxy-serve", str(fp), prefill, decode], logs / "proxy.log")
+    env = {KEY_FILE_ENV: str(args.engine_key_file)} if args.engine_key_file else None
+    proxy = start([sys.executable, __file__, "--proxy-serve", str(fp), prefill, decode], logs / "proxy.log", env)
     try:
         wait_health(f"http://127.0.0.1:{fp}", proxy, "proxy")
         legs = [play_leg("pdctl", args.router, [prefill, decode], args, args.seed + 1),
@@ -271,6 +278,8 @@ def main() -> None:
     ap.add_argument("--prefill", help="running engines: the prefill's URL, which the proxy leg uses")
     ap.add_argument("--decode", help="running engines: the decode's URL, which the proxy leg uses")
     ap.add_argument("--aggregated", help="running engines: also one aggregated engine's URL (prefix caching on)")
+    ap.add_argument("--engine-key-file", type=Path,
+                    help="running engines: the API key the prefill and decode want (pdctl's engine.key), for the proxy")
     ap.add_argument("--out", type=Path, help="also write a bench report (report.md, ttft_stages.png) here")
     ap.add_argument("--json", type=Path, help="also write the stage rows here")
     ap.add_argument("--proxy-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
@@ -304,8 +313,6 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps([{"leg": r.leg, "length": r.length, "turns": r.turns, "ttft_ms": r.ttft_ms,
                                           **r.stages} for r in rows], indent=1) + "\n")
-        raw = args.json.with_suffix(".records.json")
-        raw.write_text(json.dumps([r.to_json() for leg in legs for r in leg.records], indent=0) + "\n")
     if args.out:
         bench = BenchResult("critical-path (pdctl router vs unverified two-hop proxy)", True,
                             {"lengths": args.lengths, "conversations": args.conversations, "turns": args.turns,

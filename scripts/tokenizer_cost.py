@@ -105,8 +105,9 @@ def main() -> None:
     ap.add_argument("--model-dir", type=Path, help="also write a dummy-weights model directory with this tokenizer")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-8b")
     ap.add_argument("--no-time", action="store_true", help="skip the timing table")
+    ap.add_argument("--files", type=int, default=3000, help="standard-library modules to train on")
     args = ap.parse_args()
-    text = corpus()
+    text = corpus(args.files)
     tok = train(text)
     if args.model_dir:
         write_model(args.model_dir, args.arch, tok)

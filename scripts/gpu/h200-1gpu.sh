@@ -12,7 +12,9 @@
 #   h200-1gpu.sh down             pdctl down (GPU memory back to its reading before up), then nvidia-smi
 #   h200-1gpu.sh up-bpe           `up` in the background with the byte-level BPE model dir carried in bpe-model/
 #                                 (scripts/tokenizer_cost.py --model-dir), 0.3 of the GPU per engine, no smoke test
-#                                 (a random model's replies do not re-tokenize to the same BPE ids: turn 2 is partial)
+#                                 (a random model's replies do not re-tokenize to the same BPE ids: turn 2 is partial);
+#                                 decoder_kv_blocks_ttl 90 s: at 0.3 of the GPU the decode holds ~150k tokens, and with
+#                                 480 s the finished conversations' held blocks filled it and a new turn waited ~7 min
 #   h200-1gpu.sh measure SECONDS  wait for up-bpe, start one aggregated vLLM beside P and D (0.3, prefix caching),
 #                                 then scripts/gpu/tokenizer_vllm.py and scripts/critical_path.py on the running
 #                                 engines, chat and token ids; steps already done are skipped, none starts late
@@ -86,8 +88,9 @@ case $stage in
   up-bpe)
     mkdir -p /root/models && rm -rf "$bpe" && cp -r "$repo/bpe-model" "$bpe" || exit 1
     OUT=$base/up-out setsid nohup bash "$repo/scripts/gpu/h200-1gpu.sh" up --set "model.local_dir=$bpe" \
-      --set model.gpu_memory_utilization=0.3 --no-smoke-test >"$base/up-bpe.log" 2>&1 &
-    echo "up started, pid $!"
+      --set model.gpu_memory_utilization=0.3 --set connector.decoder_kv_blocks_ttl=90 --set router.handle_ttl=80 \
+      --no-smoke-test >"$base/up-bpe.log" 2>&1 &
+    echo $! > "$base/up.pid"; echo "up started, pid $!"
     ;;
   measure)
     deadline=$((SECONDS + ${1:-540}))
@@ -114,9 +117,10 @@ case $stage in
     corpus() { "$hostpy" -c "import sys; sys.path.insert(0, '$repo'); from scripts.tokenizer_cost import corpus
 open('$base/corpus.txt', 'w').write(chr(10).join(corpus()))"; }
     cp_args=(--router http://127.0.0.1:8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
-             --aggregated http://127.0.0.1:8300 --conversations 4 --turns 4 --source "$base/corpus.txt")
+             --aggregated http://127.0.0.1:8300 --conversations 2 --turns 4 --source "$base/corpus.txt"
+             --engine-key-file "/root/.pdctl/h200-1gpu/engine.key")
     wait_up() {  # the router answers once `up` has started every engine and the router
-      until curl -sf http://127.0.0.1:8000/health >/dev/null || ! pgrep -f "$cli up" >/dev/null; do
+      until curl -sf http://127.0.0.1:8000/health >/dev/null || ! kill -0 "$(cat "$base/up.pid")" 2>/dev/null; do
         [ $SECONDS -ge $((deadline - 60)) ] && break; sleep 3
       done
       tail -n 25 "$base/up-bpe.log"; curl -sf http://127.0.0.1:8000/health
