@@ -13,7 +13,7 @@
 #   h200-1gpu.sh up-bpe           `up` in the background with the byte-level BPE model dir carried in bpe-model/
 #                                 (scripts/tokenizer_cost.py --model-dir), 0.3 of the GPU per engine, no smoke test
 #                                 (a random model's replies do not re-tokenize to the same BPE ids: turn 2 is partial);
-#                                 decoder_kv_blocks_ttl 90 s: at 0.3 of the GPU the decode holds ~150k tokens, and with
+#                                 decoder_kv_blocks_ttl 40 s: at 0.3 of the GPU the decode holds ~150k tokens, and with
 #                                 480 s the finished conversations' held blocks filled it and a new turn waited ~7 min
 #   h200-1gpu.sh measure SECONDS  wait for up-bpe, start one aggregated vLLM beside P and D (0.3, prefix caching),
 #                                 then scripts/gpu/tokenizer_vllm.py and scripts/critical_path.py on the running
@@ -88,7 +88,7 @@ case $stage in
   up-bpe)
     mkdir -p /root/models && rm -rf "$bpe" && cp -r "$repo/bpe-model" "$bpe" || exit 1
     OUT=$base/up-out setsid nohup bash "$repo/scripts/gpu/h200-1gpu.sh" up --set "model.local_dir=$bpe" \
-      --set model.gpu_memory_utilization=0.3 --set connector.decoder_kv_blocks_ttl=90 --set router.handle_ttl=80 \
+      --set model.gpu_memory_utilization=0.3 --set connector.decoder_kv_blocks_ttl=40 --set router.handle_ttl=30 \
       --no-smoke-test >"$base/up-bpe.log" 2>&1 &
     echo $! > "$base/up.pid"; echo "up started, pid $!"
     ;;
