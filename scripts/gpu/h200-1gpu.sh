@@ -22,6 +22,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 base=/root/pdctl-gpu
 repo=$base/src        # `setup` copies this tree here: later calls need not carry it again
+bpe=/root/models/qwen3-8b-bpe        # up-bpe: the model dir with a byte-level BPE tokenizer
 out=${OUT:-$here/gpu-out}
 mkdir -p "$base" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
@@ -29,7 +30,6 @@ topo=$repo/configs/h200-1gpu.yaml
 hostpy=/opt/torch/.venv/bin/python   # the host image keeps torch in this venv
 cli=/opt/torch/.venv/bin/pdctl
 sets=(--set "python.wheelhouse=$base/wh/wheels")
-bpe=/root/models/qwen3-8b-bpe        # up-bpe: the model dir with a byte-level BPE tokenizer
 
 stage=${1:?stage}; shift
 case $stage in
