@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ from scripts.router_bench import free_port, wait_health
 
 MODEL = "Qwen"
 TARGET_MS = 5.0
+KEY_FILE_ENV = "CRITICAL_PATH_ENGINE_KEY_FILE"  # the path travels in the environment, the key in no argv or log
 MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
         "remote_host": None, "remote_port": None}
 
@@ -75,7 +77,9 @@ def proxy_app(prefill: str, decode: str) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        state["c"] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=256))
+        key_file = os.environ.get(KEY_FILE_ENV)  # engines started with an API key (pdctl up writes engine.key)
+        auth = {"authorization": f"Bearer {Path(key_file).read_text().strip()}"} if key_file else None
+        state["c"] = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=256), headers=auth)
         yield
         await state["c"].aclose()
 
@@ -147,32 +151,78 @@ def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
             argv = [sys.executable, __file__, "--proxy-serve", str(fp), purl, durl]
         running.append(start(argv, logs / f"{name}.log"))
         wait_health(furl, running[2], name)
-        spec = WorkloadSpec(lengths=tuple(args.lengths), conversations=args.conversations, turns=args.turns,
-                            user_tokens=args.user_tokens, output_tokens=args.output_tokens, api=args.api)
-        opts = ClientOptions(url=furl, model=MODEL, api=args.api, output_tokens=args.output_tokens)
-        result = LegResult(name, [], True, True)
-        warm = WorkloadSpec(lengths=(1000,), conversations=1, turns=2, user_tokens=50, output_tokens=4, api=args.api)
-        asyncio.run(play([Conversation(p, args.api, f"warmup-{name}") for p in build(warm)], opts, name))
-        for n in args.lengths:
-            convs = [Conversation(p, args.api, f"{name}-{p.key}") for p in build(spec) if p.length == n]
-            before = scrape(purl), scrape(durl)
-            records = asyncio.run(play(convs, opts, name))
-            result.kv_by_length[n] = nixl_delta(before[0], scrape(purl))
-            result.kv = result.kv + result.kv_by_length[n]
-            result.pull_by_length[n] = nixl_delta(before[1], scrape(durl))
-            bad = next((r for r in records if not r.ok), None)
-            if bad is not None:
-                sys.exit(f"{name} at {n} tokens: {bad.error or bad.status}")
-            result.records += records
-            print(f"  {name} {n}: {len(records)} turns", file=sys.stderr, flush=True)
-        return result
+        return play_leg(name, furl, [purl, durl], args, args.seed)
     finally:
-        for p in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in running:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
+        stop(running)
+
+
+def stop(running: list[subprocess.Popen[bytes]]) -> None:
+    for p in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+
+
+def play_leg(name: str, furl: str, engines: list[str], args: argparse.Namespace, seed: int) -> LegResult:
+    """The conversations through `furl`, per length, with the prefill's and decode's NIXL metrics around each."""
+    spec = WorkloadSpec(lengths=tuple(args.lengths), conversations=args.conversations, turns=args.turns,
+                        user_tokens=args.user_tokens, output_tokens=args.output_tokens, api=args.api, seed=seed,
+                        source=args.source, tokens_per_word=args.tokens_per_word)
+    opts = ClientOptions(url=furl, model=args.model, api=args.api, output_tokens=args.output_tokens)
+    result = LegResult(name, [], bool(engines), args.prefill is None, mode="disaggregated" if engines else "aggregated")
+    warm = WorkloadSpec(lengths=(1000,), conversations=1, turns=2, user_tokens=50, output_tokens=4, api=args.api,
+                        seed=seed, source=args.source, tokens_per_word=args.tokens_per_word)
+    asyncio.run(play([Conversation(p, args.api, f"warmup-{name}") for p in build(warm)], opts, name))
+    for n in args.lengths:
+        convs = [Conversation(p, args.api, f"{name}-s{seed}-{p.key}") for p in build(spec) if p.length == n]
+        before = [scrape(u) for u in engines]
+        records = asyncio.run(play(convs, opts, name))
+        if engines:
+            result.kv_by_length[n] = nixl_delta(before[0], scrape(engines[0]))
+            result.kv = result.kv + result.kv_by_length[n]
+            result.pull_by_length[n] = nixl_delta(before[1], scrape(engines[1]))
+        bad = next((r for r in records if not r.ok), None)
+        if bad is not None:
+            sys.exit(f"{name} at {n} tokens: {bad.error or bad.status}")
+        result.records += records
+        print(f"  {name} {n}: {len(records)} turns", file=sys.stderr, flush=True)
+        if args.json:  # as it goes, so a run cut short keeps what it measured
+            with args.json.with_suffix(".records.jsonl").open("a") as f:
+                f.writelines(json.dumps(r.to_json()) + "\n" for r in records)
+    return result
+
+
+def running_legs(args: argparse.Namespace, logs: Path) -> list[LegResult]:
+    """Already-running engines (a real deployment): the router, the proxy over the same prefill and decode, and
+    optionally one aggregated engine. Each leg plays its own seed's conversations, so none finds another's prefix
+    in a cache; the engines are not restarted between legs."""
+    prefill, decode = args.prefill, args.decode
+    if args.api in ("chat",) and args.tokens_per_word == 0:
+        args.tokens_per_word = probe_tokens_per_word(prefill, args)
+    fp = free_port()
+    env = {KEY_FILE_ENV: str(args.engine_key_file)} if args.engine_key_file else None
+    proxy = start([sys.executable, __file__, "--proxy-serve", str(fp), prefill, decode], logs / "proxy.log", env)
+    try:
+        wait_health(f"http://127.0.0.1:{fp}", proxy, "proxy")
+        legs = [play_leg("pdctl", args.router, [prefill, decode], args, args.seed + 1),
+                play_leg("proxy", f"http://127.0.0.1:{fp}", [prefill, decode], args, args.seed + 2)]
+    finally:
+        stop([proxy])
+    if args.aggregated:
+        legs.append(play_leg("aggregated", args.aggregated, [], args, args.seed + 3))
+    return legs
+
+
+def probe_tokens_per_word(url: str, args: argparse.Namespace) -> float:
+    """Tokens per corpus word on the engine's own tokenizer, so a length means that many of its tokens."""
+    sample = WorkloadSpec(lengths=(4000,), conversations=1, turns=1, api="chat", source=args.source)
+    text = str(build(sample)[0].first)
+    count = httpx.post(f"{url}/tokenize", json={"model": args.model, "prompt": text}, timeout=60).json()["count"]
+    ratio = float(count) / len(text.split())
+    print(f"  tokens per word on {url}: {ratio:.3f}", file=sys.stderr, flush=True)
+    return ratio
 
 
 def table(pd: LegResult, px: LegResult) -> tuple[list[str], bool]:
@@ -192,6 +242,25 @@ def table(pd: LegResult, px: LegResult) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def floor_table(legs: list[LegResult]) -> list[str]:
+    """Mean and median warm TTFT of every leg, the reuse outcomes, and pdctl's ratio to the aggregated engine."""
+    by = {leg.name: leg for leg in legs}
+    lines = ["| length | " + " | ".join(f"{n} mean / median" for n in by) + " | pdctl / aggregated (mean) | reuse "
+             "(pdctl: hit/partial/miss) | reused tokens (pdctl mean) |", "|---" * (len(by) + 4) + "|"]
+    for n in sorted({r.length for r in legs[0].records}):
+        warm = {k: [r for r in v.records if r.length == n and r.turn >= 1 and r.ttft_ms is not None]
+                for k, v in by.items()}
+        ttft = {k: [float(r.ttft_ms or 0.0) for r in v] for k, v in warm.items()}
+        cells = [f"{statistics.fmean(v):.1f} / {statistics.median(v):.1f}" if v else "-" for v in ttft.values()]
+        ratio = (f"{statistics.fmean(ttft['pdctl']) / statistics.fmean(ttft['aggregated']):.2f}"
+                 if ttft.get("aggregated") and ttft.get("pdctl") else "-")
+        pd = warm.get("pdctl", [])
+        outcomes = "/".join(str(sum(1 for r in pd if r.reuse == o)) for o in ("hit", "partial", "miss"))
+        tokens = statistics.fmean(float(r.reuse_tokens or 0) for r in pd) if pd else 0.0
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} | {outcomes} | {tokens:.0f} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[2000, 8000, 16000, 24000])
@@ -201,6 +270,17 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--api", choices=("chat", "completions"), default="chat",
                     help="chat: text conversations (a /tokenize per verified turn); completions: token ids (none)")
+    ap.add_argument("--model", default=MODEL, help="the served model name")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", type=Path, help="chat: a text corpus instead of the generated words")
+    ap.add_argument("--tokens-per-word", type=float, default=1.0,
+                    help="chat: corpus tokens per word; 0 measures it on the prefill's /tokenize (running engines)")
+    ap.add_argument("--router", help="running engines: pdctl's router URL (with --prefill and --decode)")
+    ap.add_argument("--prefill", help="running engines: the prefill's URL, which the proxy leg uses")
+    ap.add_argument("--decode", help="running engines: the decode's URL, which the proxy leg uses")
+    ap.add_argument("--aggregated", help="running engines: also one aggregated engine's URL (prefix caching on)")
+    ap.add_argument("--engine-key-file", type=Path,
+                    help="running engines: the API key the prefill and decode want (pdctl's engine.key), for the proxy")
     ap.add_argument("--out", type=Path, help="also write a bench report (report.md, ttft_stages.png) here")
     ap.add_argument("--json", type=Path, help="also write the stage rows here")
     ap.add_argument("--proxy-serve", nargs=3, metavar=("PORT", "PREFILL", "DECODE"), help=argparse.SUPPRESS)
@@ -211,24 +291,33 @@ def main() -> None:
         port, p, d = args.proxy_serve
         uvicorn.run(proxy_app(p, d), host="127.0.0.1", port=int(port), log_level="warning")
         return
+    if bool(args.router) != bool(args.prefill) or bool(args.prefill) != bool(args.decode):
+        ap.error("running engines need all of --router, --prefill and --decode")
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"critical-path-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    pd, px = leg("pdctl", args, logs), leg("proxy", args, logs)
+    legs = running_legs(args, logs) if args.router else [leg("pdctl", args, logs), leg("proxy", args, logs)]
+    pd, px = legs[0], legs[1]
     lines, ok = table(pd, px)
-    print(f"\nmean warm-turn (turns 2+) TTFT and its stages (ms); simulated engines (pdctl.sim, speed 1), "
+    where = (f"running engines (prefill {args.prefill}, decode {args.decode}, router {args.router}"
+             f"{', aggregated ' + args.aggregated if args.aggregated else ''})" if args.router
+             else "simulated engines (pdctl.sim, speed 1)")
+    print(f"\nmean warm-turn (turns 2+) TTFT and its stages (ms); {where}, "
           f"{os.cpu_count()} cores; {args.api}, {args.conversations} conversations x {args.turns} turns per length, "
-          f"{args.user_tokens} new user tokens and {args.output_tokens} output tokens a turn")
+          f"{args.user_tokens} new user tokens and {args.output_tokens} output tokens a turn"
+          f"{f', {args.tokens_per_word:.3f} tokens per corpus word' if args.api == 'chat' and args.source else ''}")
     print("\n".join(lines))
     print(f"\ntarget pdctl <= proxy + {TARGET_MS:g} ms at every length: {'met' if ok else 'MISSED'}")
-    rows = stages.stage_rows([pd, px])
+    if args.router:
+        print("\n" + "\n".join(floor_table(legs)))
+    rows = stages.stage_rows(legs)
     if args.json:
         args.json.write_text(json.dumps([{"leg": r.leg, "length": r.length, "turns": r.turns, "ttft_ms": r.ttft_ms,
                                           **r.stages} for r in rows], indent=1) + "\n")
     if args.out:
         bench = BenchResult("critical-path (pdctl router vs unverified two-hop proxy)", True,
                             {"lengths": args.lengths, "conversations": args.conversations, "turns": args.turns,
-                             "api": args.api}, [pd, px], wall_s=time.monotonic() - started)
+                             "api": args.api}, legs, wall_s=time.monotonic() - started)
         report.write(bench, args.out)
 
 

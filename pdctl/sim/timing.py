@@ -41,13 +41,19 @@ READ_POST_MS = 0.7
 READBACK_WAIT_MS = 38.0
 
 # Tokenizing text (a chat rendering or a text prompt) in the engine's API server, which the anchor's token-id
-# prompts never paid: a Rust BPE encode measured at 1.8 us/token on a shared 2-core VM (HF `tokenizers`, 50k-vocab
-# byte-level BPE, 2k-24k tokens; docs/results/critical-path), taken at 1 us/token for a server CPU; the ids' JSON
-# answer at 0.14 us/token (stdlib json, same machine); token strings, only when asked, about as much again.
-TOKENIZE_BASE_MS = 0.5
-ENCODE_MS_PER_TOKEN = 0.001
-IDS_JSON_MS_PER_TOKEN = 0.00014
-TOKEN_STRS_MS_PER_TOKEN = 0.0003
+# prompts never paid. Measured on vLLM 0.26.0 on the H200 host (16 cores; docs/results/h200-1gpu/tokenizer/):
+# a byte-level BPE (50k merges, HF `tokenizers`, scripts/tokenizer_cost.py) with a ChatML template, user messages
+# of 2k-24k tokens of Python source, median of 20 (`scripts/gpu/h200-1gpu.sh measure`, i.e.
+# `scripts/gpu/tokenizer_vllm.py --url ... --model-dir ... --reps 20`), least-squares fits over the four lengths:
+#   /tokenize with `messages`:                       1.3 ms + 2.82 us/token (69.9 ms at 24k)
+#   ... with `return_token_strs` true:               +0.48 us/token (83 ms and 263 KB at 24k, against 95 KB)
+#   chat completion minus the same prompt as ids:    2.15 us/token (6 / 14 / 28 / 54 ms at 2k / 8k / 16k / 24k;
+#     max_tokens 1, prefix cache warm: the render + encode a text request pays beyond the ids' own JSON parsing,
+#     which the token-id calibration above already holds)
+TOKENIZE_BASE_MS = 1.3
+TOKENIZE_MS_PER_TOKEN = 0.00282
+ENCODE_MS_PER_TOKEN = 0.00215
+TOKEN_STRS_MS_PER_TOKEN = 0.00048
 
 
 def encode_ms(tokens: int) -> float:
@@ -56,8 +62,8 @@ def encode_ms(tokens: int) -> float:
 
 
 def tokenize_ms(tokens: int, token_strs: bool = False) -> float:
-    """One `/tokenize` request: encode, then the ids (and, if asked, their strings) as JSON."""
-    per = ENCODE_MS_PER_TOKEN + IDS_JSON_MS_PER_TOKEN + (TOKEN_STRS_MS_PER_TOKEN if token_strs else 0.0)
+    """One `/tokenize` request: render and encode, then the ids (and, if asked, their strings) as JSON."""
+    per = TOKENIZE_MS_PER_TOKEN + (TOKEN_STRS_MS_PER_TOKEN if token_strs else 0.0)
     return TOKENIZE_BASE_MS + per * max(tokens, 0)
 
 

@@ -10,10 +10,19 @@
 #   h200-1gpu.sh bench ARGS...    pdctl bench in the background (survives the call); then `wait`
 #   h200-1gpu.sh wait SECONDS     wait for the bench, copy its report to $OUT
 #   h200-1gpu.sh down             pdctl down (GPU memory back to its reading before up), then nvidia-smi
+#   h200-1gpu.sh up-bpe           `up` in the background with the byte-level BPE model dir carried in bpe-model/
+#                                 (scripts/tokenizer_cost.py --model-dir), 0.3 of the GPU per engine, no smoke test
+#                                 (a random model's replies do not re-tokenize to the same BPE ids: turn 2 is partial);
+#                                 decoder_kv_blocks_ttl 40 s: at 0.3 of the GPU the decode holds ~150k tokens, and with
+#                                 480 s the finished conversations' held blocks filled it and a new turn waited ~7 min
+#   h200-1gpu.sh measure SECONDS  wait for up-bpe, start one aggregated vLLM beside P and D (0.3, prefix caching),
+#                                 then scripts/gpu/tokenizer_vllm.py and scripts/critical_path.py on the running
+#                                 engines, chat and token ids; steps already done are skipped, none starts late
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 base=/root/pdctl-gpu
 repo=$base/src        # `setup` copies this tree here: later calls need not carry it again
+bpe=/root/models/qwen3-8b-bpe        # up-bpe: the model dir with a byte-level BPE tokenizer
 out=${OUT:-$here/gpu-out}
 mkdir -p "$base" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
@@ -71,6 +80,66 @@ case $stage in
     nvidia-smi --query-gpu=index,memory.used --format=csv | tee "$out/gpus-after-down.txt"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv | tee -a "$out/gpus-after-down.txt"
     exit "$rc"
+    ;;
+  up-bpe)
+    mkdir -p /root/models && rm -rf "$bpe" && cp -r "$repo/bpe-model" "$bpe" || exit 1
+    OUT=$base/up-out setsid nohup bash "$repo/scripts/gpu/h200-1gpu.sh" up --set "model.local_dir=$bpe" \
+      --set model.gpu_memory_utilization=0.3 --set connector.decoder_kv_blocks_ttl=40 --set router.handle_ttl=30 \
+      --no-smoke-test >"$base/up-bpe.log" 2>&1 &
+    echo $! > "$base/up.pid"; echo "up started, pid $!"
+    ;;
+  measure)
+    deadline=$((SECONDS + ${1:-540}))
+    res=$base/results; mkdir -p "$res"
+    step() {  # step NAME SECONDS_NEEDED COMMAND...: once, and only when it can finish before the deadline
+      local name=$1 need=$2; shift 2
+      [ -e "$res/$name.done" ] && return 0
+      [ $((SECONDS + need)) -gt $deadline ] && { echo "not starting $name: ${need}s needed"; return 1; }
+      echo "== $name ($(date -u +%T))"; "$@" 2>&1 | tee "$res/$name.txt"
+      [ "${PIPESTATUS[0]}" = 0 ] && touch "$res/$name.done"
+    }
+    wait_url() {  # wait_url URL SECONDS
+      local end=$((SECONDS + $2))
+      until curl -sf "$1/health" >/dev/null; do [ $SECONDS -ge $end ] && return 1; sleep 3; done
+    }
+    agg() {
+      if ! curl -sf http://127.0.0.1:8300/health >/dev/null; then
+        setsid nohup /opt/torch/.venv/bin/vllm serve "$bpe" --served-model-name Qwen --dtype bfloat16 \
+          --max-model-len 32768 --max-num-seqs 8 --host 127.0.0.1 --port 8300 --block-size 256 \
+          --load-format dummy --gpu-memory-utilization 0.3 >"$base/agg.log" 2>&1 &
+      fi
+      wait_url http://127.0.0.1:8300 $((deadline - SECONDS - 5)); rc=$?; tail -5 "$base/agg.log"; return $rc
+    }
+    corpus() { "$hostpy" -c "import sys; sys.path.insert(0, '$repo'); from scripts.tokenizer_cost import corpus
+open('$base/corpus.txt', 'w').write(chr(10).join(corpus()))"; }
+    cp_args=(--router http://127.0.0.1:8000 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
+             --aggregated http://127.0.0.1:8300 --conversations 2 --turns 4 --source "$base/corpus.txt"
+             --engine-key-file "/root/.pdctl/h200-1gpu/engine.key")
+    wait_up() {  # the router answers once `up` has started every engine and the router
+      until curl -sf http://127.0.0.1:8000/health >/dev/null || ! kill -0 "$(cat "$base/up.pid")" 2>/dev/null; do
+        [ $SECONDS -ge $((deadline - 60)) ] && break; sleep 3
+      done
+      tail -n 25 "$base/up-bpe.log"; curl -sf http://127.0.0.1:8000/health
+    }
+    step up 5 wait_up || exit 3
+    step agg 60 agg || exit 3
+    step corpus 5 corpus
+    step tokenizer 60 "$hostpy" "$repo/scripts/gpu/tokenizer_vllm.py" --url http://127.0.0.1:8300 --model-dir "$bpe" \
+      --reps 20 --json "$res/tokenizer.json"
+    step cp-completions 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api completions \
+      --json "$res/cp-completions.json" --out "$res/cp-completions"
+    step cp-chat 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api chat --tokens-per-word 0 \
+      --json "$res/cp-chat.json" --out "$res/cp-chat"
+    step cp-chat-2 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api chat --tokens-per-word 0 \
+      --seed 10 --json "$res/cp-chat-2.json"
+    step cp-completions-2 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api completions \
+      --seed 10 --json "$res/cp-completions-2.json"
+    for f in /root/.pdctl/h200-1gpu/logs/*.log "$base/agg.log" "$base/up-bpe.log"; do
+      echo "== $f"; grep -a -E "KV Transfer metrics|ERROR|Traceback" "$f" | tail -n 10; tail -n 15 "$f"
+    done > "$res/logs-tail.txt" 2>&1
+    nvidia-smi --query-gpu=index,memory.used,clocks.sm --format=csv >> "$res/logs-tail.txt"
+    tar -C "$base" -czf "$out/results.tgz" results
+    cat "$res"/*.txt | grep -a -E "^\||target|tokens per word|not starting" | tail -n 80
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
