@@ -15,7 +15,7 @@ from pdctl.cli.errors import DEBUG, reported
 from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
 from pdctl.cli.output import out, say
 from pdctl.cli.support import load_topology
-from pdctl.plan import plan as make_plan
+from pdctl.lifecycle.planned import planned
 from pdctl.plan_view import plan_json, render_plan
 
 
@@ -81,22 +81,15 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
 @app.command()
 def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
-    topo = load_topology(topology, overrides)
-    if topo.slurm is not None:
-        from pdctl.slurm.commands import planned_topology
-
-        topo = planned_topology(topo)
-    specs = make_plan(topo)
+    shown = planned(load_topology(topology, overrides))
     if as_json:
-        print(plan_json(specs))
+        print(plan_json(shown.specs))
         return
-    if topo.slurm is not None:
-        from pdctl.slurm.commands import plan_lines
-
+    if shown.slurm_lines:
         out.print("[bold]slurm[/]: the holder job, then one step per process", highlight=False)
-        for line in plan_lines(topo, [(s.name, s.node) for s in specs]):
+        for line in shown.slurm_lines:
             say(out, line)
-    render_plan(specs, out)
+    render_plan(shown.specs, out)
 
 
 # Each area registers its commands from its own module (one line each, keep alphabetical).
