@@ -56,5 +56,5 @@ def sse_data(raw: bytes) -> Iterator[dict[str, Any]]:
             yield json.loads(line[6:])
 
 
-def outcome(headers: httpx.Headers) -> str:
+def reuse_header(headers: httpx.Headers) -> str:
     return headers.get("x-pd-kv-reuse", "")

@@ -1,33 +1,25 @@
 """proxy.completion's turn bookkeeping as an agent loop sees it: the next turn is sent the instant the last ended.
 
 The router must have stored a turn's new handle (and released the one it took) before its client can see the
-turn's end, whenever the decode's stream itself ends: behind `late`, the decode's streams end 150 ms after their
-`[DONE]` (a busy engine), which is when the router used to do that bookkeeping.
+turn's end, whenever the decode's stream itself closes: behind the `late` router (conftest.py) the decode's
+streams close 150 ms after their `[DONE]` (a busy engine), which is when the router used to do that bookkeeping.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.router.conftest import RouterProc, corrupt, router_process
-from tests.router.instant import Instant, outcome, sse_data
-from tests.support.late_end import late_end
-from tests.support.sim_procs import SERVED, SimPair
+from tests.router.conftest import BLOCK, RouterProc, corrupt, router_process
+from tests.router.instant import Instant, reuse_header, sse_data
+from tests.support.sim_procs import SERVED, SimPair, sim_pair
 
 TURNS = 8
-
-
-@pytest.fixture(scope="module")
-def late(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
-    logs = tmp_path_factory.mktemp("late")
-    with late_end(logs, pd.decode_url, 150) as decode, router_process(logs, [pd.prefill_url], [decode]) as r:
-        yield r
 
 
 def _text(chat: bool, stream: bool, raw: bytes) -> str:
@@ -57,7 +49,7 @@ def _loop(url: str, chat: bool, stream: bool, headers: dict[str, str] | None) ->
             else:
                 body["prompt"] = prompt + user
             got, raw = client.post(path, body, b"data: [DONE]", headers)
-            reuse.append(outcome(got))
+            reuse.append(reuse_header(got))
             text = _text(chat, stream, raw)
             if chat:
                 messages, prompt = [*body["messages"], {"role": "assistant", "content": text}], ""
@@ -81,15 +73,19 @@ def test_a_turn_sent_the_instant_the_last_one_ended_reuses_its_kv(
     assert corrupt(pd.prefill, pd.decode) == 0
 
 
-def test_two_turns_of_one_conversation_at_once_still_miss_as_handle_in_use(late: RouterProc) -> None:
-    headers = {"X-Session-ID": uuid.uuid4().hex}
-    first: dict[str, Any] = {"model": SERVED, "prompt": "a first turn of some length " * 6, "max_tokens": 6}
-    with httpx.Client(timeout=30) as c:
-        r = c.post(late.url + "/v1/completions", json=first, headers=headers)
-        body = {**first, "prompt": first["prompt"] + r.json()["choices"][0]["text"] + " and then"}
-        with c.stream("POST", late.url + "/v1/completions", json={**body, "stream": True}, headers=headers) as s:
-            assert s.headers["x-pd-kv-reuse"].startswith("hit;")
-            second = c.post(late.url + "/v1/completions", json=body, headers=headers)
-            s.read()
+def test_two_turns_of_one_conversation_at_once_still_miss_as_handle_in_use(tmp_path: Path) -> None:
+    # Slow engines, so that the second request certainly arrives while the first still decodes.
+    with sim_pair(tmp_path, speed=5, block_size=BLOCK) as pd, router_process(tmp_path, [pd.prefill_url],
+                                                                             [pd.decode_url]) as router:
+        headers = {"X-Session-ID": uuid.uuid4().hex}
+        first: dict[str, Any] = {"model": SERVED, "prompt": "a first turn of some length " * 6, "max_tokens": 4}
+        with httpx.Client(timeout=60) as c:
+            r = c.post(router.url + "/v1/completions", json=first, headers=headers)
+            body = {**first, "prompt": first["prompt"] + r.json()["choices"][0]["text"] + " and then"}
+            with c.stream("POST", router.url + "/v1/completions", json={**body, "stream": True, "max_tokens": 200},
+                          headers=headers) as s:
+                assert s.headers["x-pd-kv-reuse"].startswith("hit;")
+                second = c.post(router.url + "/v1/completions", json=body, headers=headers)
+                s.read()
     assert second.status_code == 200
     assert second.headers["x-pd-kv-reuse"] == "miss;tokens=0;reason=handle_in_use"
