@@ -101,14 +101,12 @@ async def run(
 
 
 def _once(done: Done | None, capture: Capture, d: Upstream) -> Callable[[], None]:
-    ran = done is None
+    """`done` for this attempt's answer, run at most once: a stream's `[DONE]` and its end both call it."""
+    pending = [done] if done is not None else []
 
     def finish() -> None:
-        nonlocal ran
-        if not ran:
-            ran = True
-            assert done is not None
-            done(capture, d)
+        while pending:
+            pending.pop()(capture, d)
     return finish
 
 
