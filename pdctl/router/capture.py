@@ -100,6 +100,7 @@ class SseRewriter:
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self._events = SseEvents()
+        self.done = False  # the stream's `[DONE]` went by: the capture is whole
 
     def feed(self, data: bytes) -> bytes:
         return b"".join(self._event(e) for e in self._events.feed(data))
@@ -109,7 +110,10 @@ class SseRewriter:
 
     def _event(self, event: bytes) -> bytes:
         event = event.strip(b"\r\n")
-        if not event.startswith(b"data:") or event.endswith(b"[DONE]"):
+        if not event.startswith(b"data:"):
+            return event + b"\n\n"
+        if event.endswith(b"[DONE]"):
+            self.done = True
             return event + b"\n\n"
         try:
             obj = jsonx.loads(event[5:])

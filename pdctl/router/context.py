@@ -42,6 +42,7 @@ class RequestContext:
     conversation: str | None = None  # the one it runs under: pinned by a front (previous_response_id) or resolved
     derivation: Derivation | None = None  # how a derived conversation id was found (to key the reply)
     taken: Taken = NOT_TAKEN  # the conversation's decode handle, taken for this turn
+    released: bool = False  # the taken handle's lease is given back (once: the turn's end, or its failure)
     started: float = 0.0  # when the completion began (the TTFT metric's origin)
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +32,9 @@ log = logging.getLogger("pdctl.router")
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 MAX_ATTEMPTS = 3
+
+# What the caller does with a decode's answer once it is whole (the new handle), before the client can see its end.
+Done = Callable[[Capture, Upstream], None]
 
 
 @dataclass
@@ -59,10 +62,14 @@ def decode_body(body: dict[str, Any], params: dict[str, Any] | None) -> bytes:
 
 async def run(
     state: RouterState, ctx: RequestContext, receive: Receive, send: Send, params: dict[str, Any] | None,
-    headers: list[tuple[bytes, bytes]], only: Upstream | None = None,
+    headers: list[tuple[bytes, bytes]], done: Done | None = None, only: Upstream | None = None,
 ) -> DecodeResult:
     """Stream the decode's answer to the client, preferring the decode that holds the conversation's KV; `only`
-    tries that one decode and no other (a local turn)."""
+    tries that one decode and no other (a local turn).
+
+    `done`, if given, runs once, before the message that ends the client's response (`[DONE]`, a whole body, a relayed
+    error): a client that sends its next turn the instant it has read this one's end finds the bookkeeping done,
+    even when the decode's own stream closes later."""
     body, holder = ctx.body, ctx.holder
     payload = decode_body(body, params)
     stream = bool(body.get("stream"))
@@ -75,20 +82,32 @@ async def run(
             break
         tried.append(d)
         capture = Capture(ctx.chat, keep_ids)
+        finish = _once(done, capture, d)
         d.outstanding += 1
         try:
             if stream:
-                out = await _stream(state, ctx, d, receive, send, payload, capture, headers)
+                out = await _stream(state, ctx, d, receive, send, payload, capture, headers, finish)
             else:
-                out = await _whole(state, ctx, d, send, payload, capture, headers)
+                out = await _whole(state, ctx, d, send, payload, capture, headers, finish)
         finally:
             d.outstanding -= 1
         if not isinstance(out, _Failed):
+            finish()  # the client left mid-stream: nothing ended its response
             return DecodeResult(capture, d, True)
         last = out
         if out.redo:
             return DecodeResult(None, d, False, True, out.error)
     return DecodeResult(None, None, False, False, last.error)
+
+
+def _once(done: Done | None, capture: Capture, d: Upstream) -> Callable[[], None]:
+    """`done` for this attempt's answer, run at most once: a stream's `[DONE]` and its end both call it."""
+    pending = [done] if done is not None else []
+
+    def finish() -> None:
+        while pending:
+            pending.pop()(capture, d)
+    return finish
 
 
 def _fail(state: RouterState, d: Upstream, rid: str, kind: str, exc: Exception | None = None,
@@ -117,7 +136,8 @@ def _kind(exc: httpx.HTTPError) -> str:
 
 
 async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Send, payload: bytes,
-                 capture: Capture, headers: Iterable[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
+                 capture: Capture, headers: Iterable[tuple[bytes, bytes]],
+                 finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     sent = time.perf_counter()
     try:
@@ -140,6 +160,7 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
             content = jsonx.dumps(obj)
     else:
         content = relayed_error(resp.status_code, content, "decode")
+    finish()
     await send_bytes(send, resp.status_code, content, [*headers, decode_ms])
     return True
 
@@ -150,7 +171,8 @@ def _decode_ms(sent: float) -> tuple[bytes, bytes]:
 
 
 async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive: Receive, send: Send, payload: bytes,
-                  capture: Capture, headers: list[tuple[bytes, bytes]]) -> Literal[True] | _Failed:
+                  capture: Capture, headers: list[tuple[bytes, bytes]],
+                  finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     req = state.http.build_request("POST", f"{d.url}{ctx.path}", content=payload,
                                    headers={"content-type": "application/json", "x-request-id": rid})
@@ -167,6 +189,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                 return _fail(state, d, rid, _kind(exc), exc)
             if resp.status_code >= 500:
                 return _fail(state, d, rid, f"http_{resp.status_code}", content=content)
+            finish()
             await send_bytes(send, resp.status_code, relayed_error(resp.status_code, content, "decode"), headers)
             return True
         chunks = resp.aiter_raw()
@@ -185,6 +208,8 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             if out:
+                if sse.done:
+                    finish()
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             async for chunk in chunks:
                 if gone.done():  # the client left: closing the response makes the decode abort the request
@@ -193,6 +218,8 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                     return True
                 out = sse.feed(chunk)
                 if out:
+                    if sse.done:  # the decode's answer is whole: its stream may still take a while to close
+                        finish()
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             tail = sse.flush()
         except httpx.HTTPError as exc:
@@ -206,6 +233,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
             tail = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
         finally:
             gone.cancel()
+        finish()
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         return True
     finally:

@@ -173,8 +173,14 @@ async def _completion(state: RouterState, ctx: RequestContext, receive: Receive,
         await _turn(state, ctx, receive, send)
     finally:
         state.decode_gate.release()
-        if ctx.taken.handle is not None and cid is not None:
-            state.handles.release(cid)
+        _release(state, ctx)
+
+
+def _release(state: RouterState, ctx: RequestContext) -> None:
+    """Give back the lease on the handle this turn took: the conversation's next turn may take a new one."""
+    if not ctx.released and ctx.taken.handle is not None and ctx.conversation is not None:
+        ctx.released = True
+        state.handles.release(ctx.conversation)
 
 
 async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -209,10 +215,8 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
         if pre.status != 200:
             await send_bytes(send, pre.status, pre.error, headers)
             return
-        res = await decode.run(state, ctx, receive, send, pre.params, headers)
+        res = await decode.run(state, ctx, receive, send, pre.params, headers, lambda c, d: _keep(state, ctx, c, d))
         if res.sent:
-            if cid is not None and res.capture is not None and res.upstream is not None:
-                _keep(state, ctx, cid, res.capture, res.upstream)
             return
         if not res.redo or attempt == 1:
             if res.error:
@@ -246,23 +250,31 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
     assert h is not None
     reuse = wire.Reuse("hit", cached, wire.DECODE_LOCAL)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
-    res = await decode.run(state, ctx, receive, send, None, headers, only=d)
+
+    def keep(capture: Capture, _: Upstream) -> None:
+        """The pinned handle goes back for the next turn, with what the decode now caches beyond it."""
+        computed = capture.computed_tokens()
+        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
+        state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached))
+        _release(state, ctx)
+
+    res = await decode.run(state, ctx, receive, send, None, headers, keep, only=d)
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False
     state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, cached, True)
     state.metrics.local_turn()
     log.info("[%s] Ran on the decode alone (kv %s)", rid, reuse.header)
-    capture = res.capture
-    computed = capture.computed_tokens() if capture is not None else None
-    key = derivation.reply_key(capture.reply(), capture.output_ids) if capture and derivation else None
-    # The pinned handle goes back for the next turn, with what the decode now caches beyond it.
-    state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached))
     return True
 
 
-def _keep(state: RouterState, ctx: RequestContext, cid: str, capture: Capture, d: Upstream) -> None:
-    """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation."""
+def _keep(state: RouterState, ctx: RequestContext, capture: Capture, d: Upstream) -> None:
+    """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation, and give
+    back the one the turn took: run before the client can see the turn's end (decode.run's `done`)."""
+    _release(state, ctx)
+    cid = ctx.conversation
+    if cid is None:
+        return
     if capture.params is None:
         state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
         return

@@ -38,10 +38,12 @@ async def create(state: RouterState, ctx: RequestContext, receive: Receive, send
         return
     response_id = new_id("resp")
     renderer = ResponsesRenderer(body, req.body["model"], response_id)
-    out = Translating(send, renderer)
     sub = ctx.translated(req.body)
     if kept is not None and kept.conversation is not None and not ctx.cid_in_body:
         sub.conversation = kept.conversation
-    await proxy.completion(state, sub, receive, out)
-    if out.ok and renderer.finish is not None and body.get("store", True) is not False:
-        store.put(response_id, req.history + output_messages(renderer.outputs), sub.conversation, whose)
+
+    def keep() -> None:  # before the client sees the response end: a follow-up may name it at once
+        if renderer.finish is not None and body.get("store", True) is not False:
+            store.put(response_id, req.history + output_messages(renderer.outputs), sub.conversation, whose)
+
+    await proxy.completion(state, sub, receive, Translating(send, renderer, keep))

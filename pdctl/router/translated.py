@@ -8,6 +8,7 @@ turns it into chatstream events and lets the API's Renderer write them. The rout
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from starlette.types import Message, Send
@@ -55,11 +56,15 @@ def error_parts(raw: bytes) -> tuple[str, str]:
 
 
 class Translating:
-    """The `send` given to proxy.completion. After the call, `ok` says whether a whole answer reached the client."""
+    """The `send` given to proxy.completion. After the call, `ok` says whether a whole answer reached the client.
 
-    def __init__(self, send: Send, renderer: Renderer) -> None:
+    `kept` runs once a whole answer is rendered, before the client can see its end: what it stores (a Responses
+    id) is there for a follow-up sent the instant this answer ended."""
+
+    def __init__(self, send: Send, renderer: Renderer, kept: Callable[[], None] | None = None) -> None:
         self.send = send
         self.renderer = renderer
+        self.kept = kept
         self.reader = ChatReader()
         self.status = 0
         self.streaming = False
@@ -88,15 +93,22 @@ class Translating:
         more: bool = message.get("more_body", False)
         if self.streaming:
             out = self._events(data, final=not more)
+            self._kept()
             await self.send({"type": "http.response.body", "body": out, "more_body": more})
             return
         self._buf.append(data)
         if not more:
             status, body = self._whole(b"".join(self._buf))
+            self._kept()
             raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    *self._headers]
             await self.send({"type": "http.response.start", "status": status, "headers": raw})
             await self.send({"type": "http.response.body", "body": body})
+
+    def _kept(self) -> None:
+        if self.ok and self.kept is not None:
+            kept, self.kept = self.kept, None
+            kept()
 
     def _whole(self, raw: bytes) -> tuple[int, bytes]:
         r = self.renderer

@@ -11,8 +11,10 @@ import pytest
 from pdctl.lifecycle.status import router_stats
 from pdctl.remote.local import LocalTransport
 from tests.router.conftest import RouterProc, assert_clean, corrupt, router_process
+from tests.router.instant import Instant, reuse_header, sse_data
 from tests.router.talk import Conversation, Reply
-from tests.support.sim_procs import SimPair, sim_process
+from tests.support.late_end import late_end
+from tests.support.sim_procs import SERVED, SimPair, sim_process
 
 LIMIT = 64
 LONG = " ".join(f"w{i}" for i in range(120))  # over LIMIT new tokens: disaggregated
@@ -114,4 +116,25 @@ def test_a_whole_response_turn_runs_locally_too(local_router: RouterProc, pd: Si
     assert reply.status == 200 and reply.text
     assert (reply.outcome, reply.reason) == ("hit", "decode_local"), reply.reuse
     assert_clean(reply.raw, reply.headers)
+    assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_local_turn_sent_the_instant_the_last_one_ended_finds_the_pinned_handle(
+    pd: SimPair, tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # The decode's streams close 150 ms after their [DONE]; the pinned handle must be back before the client sees it.
+    logs = tmp_path_factory.mktemp("local-late")
+    with (late_end(logs, pd.decode_url, 150) as decode,
+          router_process(logs, [pd.prefill_url], [decode], "--local-prefill-tokens", str(LIMIT)) as router):
+        client = Instant(router.url)
+        prompt, reuse = f"{uuid.uuid4().hex} {LONG}", []
+        try:
+            for user in ("", " and day 2?", " and day 3?", " " + LONG, " short again"):
+                body = {"model": SERVED, "prompt": prompt + user, "max_tokens": 6, "stream": True}
+                headers, raw = client.post("/v1/completions", body, b"data: [DONE]")
+                reuse.append(reuse_header(headers).rsplit("reason=", 1)[-1])
+                prompt = body["prompt"] + "".join(e["choices"][0]["text"] for e in sse_data(raw) if e["choices"])
+        finally:
+            client.close()
+    assert reuse == ["new_conversation", "decode_local", "decode_local", "verified", "decode_local"]
     assert corrupt(pd.prefill, pd.decode) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -10,6 +11,7 @@ import pytest
 
 from tests.router.agents import ANTHROPIC_TOOLS, FIRST, assert_anthropic_error, assert_loop_reused, outcome
 from tests.router.conftest import AGENT_KEY, RouterProc, assert_clean
+from tests.router.instant import Instant, sse_data
 from tests.support.sim_procs import SERVED, SimPair
 
 
@@ -125,3 +127,24 @@ def test_router_and_engine_errors_are_in_anthropic_shape(router: RouterProc, age
     with pytest.raises(anthropic.AuthenticationError):
         client(agent_router, "wrong").messages.create(model=SERVED, max_tokens=4,
                                                       messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_turn_sent_the_instant_the_last_message_ended_reuses_its_kv(late: RouterProc, stream: bool) -> None:
+    client = Instant(late.url)
+    messages: list[dict[str, Any]] = []
+    reuse = []
+    try:
+        for turn in range(6):
+            body = {"model": SERVED, "max_tokens": 6, "stream": stream,
+                    "messages": [*messages, {"role": "user", "content": f"{FIRST} w{turn}"}]}
+            headers, raw = client.post("/v1/messages", body, b"event: message_stop")
+            reuse.append(outcome(headers))
+            if stream:
+                text = "".join(e["delta"].get("text", "") for e in sse_data(raw) if e["type"] == "content_block_delta")
+            else:
+                text = "".join(b["text"] for b in json.loads(raw)["content"] if b["type"] == "text")
+            messages = [*body["messages"], {"role": "assistant", "content": text}]
+    finally:
+        client.close()
+    assert reuse == ["miss"] + ["hit"] * 5

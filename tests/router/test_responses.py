@@ -11,6 +11,7 @@ import pytest
 
 from tests.router.agents import FIRST, RESPONSES_TOOLS, assert_loop_reused, assert_openai_error, outcome
 from tests.router.conftest import AGENT_KEY, RouterProc, assert_clean
+from tests.router.instant import Instant, sse_data
 from tests.support.sim_procs import SERVED, SimPair
 
 
@@ -171,3 +172,22 @@ def test_reasoning_items_and_typed_messages_are_accepted(router: RouterProc) -> 
     r = client(router).responses.create(model=SERVED, input=items, max_output_tokens=3,  # type: ignore[arg-type]
                                         text={"format": {"type": "json_object"}})
     assert r.status == "incomplete" and r.usage is not None and r.usage.output_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_follow_up_sent_the_instant_the_response_ended_finds_it_and_its_kv(late: RouterProc, stream: bool) -> None:
+    client = Instant(late.url)
+    prev, reuse = None, []
+    try:
+        for turn in range(6):
+            body = {"model": SERVED, "input": f"{FIRST} w{turn}", "max_output_tokens": 6, "stream": stream,
+                    "previous_response_id": prev}
+            headers, raw = client.post("/v1/responses", body, b"event: response.completed")
+            reuse.append(outcome(headers))
+            final = json.loads(raw) if not stream else next(
+                e["response"] for e in sse_data(raw) if e["type"] == "response.completed")
+            assert final["status"] == "incomplete"
+            prev = final["id"]
+    finally:
+        client.close()
+    assert reuse == ["miss"] + ["hit"] * 5
