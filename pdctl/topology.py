@@ -194,10 +194,11 @@ class Router(Strict):
         "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
         "the decode's other streams one step of that many tokens); 0: always disaggregate.",
     )
-    local_policy: Literal["always", "load"] = Field(
+    local_policy: Literal["always", "load", "work"] = Field(
         "always",
-        description="Which of those turns run on the decode: always, or load (only while the decode has fewer "
-        "than local_busy_streams requests in flight, or when the prefill is busy too).",
+        description="Which of those turns run on the decode: always; load (only while the decode has fewer "
+        "than local_busy_streams requests in flight, or when the prefill is busy too); or work (while the prompt "
+        "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill).",
     )
     local_busy_streams: int = Field(4, ge=1, description="local_policy load: a decode with this many requests in "
                                     "flight is busy.")

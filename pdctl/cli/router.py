@@ -46,8 +46,9 @@ def serve(
                      "Needs --verify-prefix."),
     ] = 0,
     local_policy: Annotated[
-        str, typer.Option(help="Which of those turns run on the decode: always, or load (only while the decode has "
-                          "fewer than --local-busy-streams requests in flight or the prefill is busy too).")
+        str, typer.Option(help="Which of those turns run on the decode: always; load (only while the decode has "
+                          "fewer than --local-busy-streams requests in flight or the prefill is busy too); or work "
+                          "(while its prompt tokens in flight are at most the prefill's plus the hop's cost).")
     ] = "always",
     local_busy_streams: Annotated[
         int, typer.Option(help="--local-policy load: requests in flight from which a decode counts as busy.")

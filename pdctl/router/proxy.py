@@ -131,8 +131,8 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None,
     if cached == 0:
         return None
     cfg = state.config
-    prefill_load = placement.Load(prefill.outstanding) if prefill is not None else None
-    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.Load(holder.outstanding),
+    prefill_load = placement.load_of(prefill) if prefill is not None else None
+    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.load_of(holder),
                                  prefill_load, cfg.local_busy_streams):
         return None
     return holder, cached
@@ -189,8 +189,8 @@ async def _turn(
     need_ids = taken.handle is not None and state.config.verify_prefix
     ids = await _prompt_ids(state, p, chat, body) if need_ids else None
     local = local_decode(state, taken.handle, ids, p)
-    if local is not None and await _local_turn(state, scope, receive, send, rid, chat, body, taken, local,
-                                               derivation, started):
+    if local is not None and ids is not None and await _local_turn(state, scope, receive, send, rid, chat, body,
+                                                                   taken, local, len(ids), derivation, started):
         return
     verdict = _verdict(state, taken, ids)
     t0, in_ms = scope.get("pdctl.t0", started), 0.0
@@ -199,9 +199,11 @@ async def _turn(
             return
         if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
             in_ms = (time.perf_counter() - t0) * 1000
+        work = placement.Work(p, (len(ids) if ids is not None else placement.prompt_tokens(body)) - verdict.tokens)
         try:
             pre = await prefill.run(state, p, scope["path"], rid, cid or rid, body, verdict, ids)
         finally:
+            work.done()
             state.prefill_gate.release()
         v = pre.verdict
         if attempt == 0:
@@ -241,7 +243,8 @@ async def _turn(
 
 async def _local_turn(
     state: RouterState, scope: Scope, receive: Receive, send: Send, rid: str, chat: bool,
-    body: dict[str, Any], taken: Taken, local: tuple[Upstream, int], derivation: Derivation | None, started: float,
+    body: dict[str, Any], taken: Taken, local: tuple[Upstream, int], prompt_len: int, derivation: Derivation | None,
+    started: float,
 ) -> bool:
     """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
 
@@ -253,8 +256,12 @@ async def _local_turn(
     assert h is not None
     header = f"hit;tokens={cached};reason={LOCAL_REASON}"
     headers = [(b"x-pd-prefill-ms", b"0.0"), (b"x-pd-kv-reuse", header.encode())]
-    res = await decode.run(state, receive, send, scope["path"], rid, chat, body, None, h.decode_url, headers,
-                           started, only=d)
+    work = placement.Work(d, prompt_len - cached)  # its prompt is a chunk in the decode's batch until the first token
+    try:
+        res = await decode.run(state, receive, placement.done_at_first_body(work, send), scope["path"], rid, chat,
+                               body, None, h.decode_url, headers, started, only=d)
+    finally:
+        work.done()
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False

@@ -28,14 +28,15 @@ class Upstream:
     role: str
     healthy: bool = True
     outstanding: int = 0
+    work: int = 0  # prompt tokens of its in-flight requests not yet computed (router.placement's estimate)
     failures: int = 0
     errors_total: int = 0
     generation: int = 0
     engine_id: str | None = None
 
     def snapshot(self) -> dict[str, object]:
-        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "failures": self.failures,
-                "generation": self.generation}
+        return {"url": self.url, "healthy": self.healthy, "outstanding": self.outstanding, "work": self.work,
+                "failures": self.failures, "generation": self.generation}
 
 
 class Pool:
