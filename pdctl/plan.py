@@ -236,8 +236,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     argv += ["--block-size", str(topo.block_size_for(topo.decode[0]) or 16), "--model", topo.model.name]
     if not r.verify_prefix:
         argv.append("--no-verify-prefix")
+    argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]  # also 0: the router's own default is on
     if r.local_prefill_tokens:
-        argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
         if r.local_policy != "always":
             argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
     if r.api_key_env:

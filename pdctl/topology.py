@@ -188,11 +188,12 @@ class Router(Strict):
     api_key_env: EnvKey | None = Field(None, description="Env var holding the API key clients must send.")
     verify_prefix: bool = Field(True, description="Reuse only KV whose tokens match the new prompt.")
     local_prefill_tokens: int = Field(
-        0,
+        4096,
         ge=0,
         description="Conditional disaggregation: a turn whose decode already caches all but at most this many of "
         "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
-        "the decode's other streams one step of that many tokens); 0: always disaggregate.",
+        "the decode's other streams one step of that many tokens); 0: always disaggregate. Default 4096 (0 "
+        "with verify_prefix: false).",
     )
     local_policy: Literal["always", "load", "work"] = Field(
         "always",
@@ -209,6 +210,14 @@ class Router(Strict):
         "conversation_id); null: X-Conversation-Id, X-Session-ID, X-LiteLLM-Session-Id, X-Session-Affinity, "
         "X-Correlation-Id.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_off_without_ids(cls, data: Any) -> Any:
+        """The default needs the prompt's ids; without verify_prefix it is 0 rather than an error."""
+        if isinstance(data, dict) and data.get("verify_prefix") is False and "local_prefill_tokens" not in data:
+            return {**data, "local_prefill_tokens": 0}
+        return data
 
     @model_validator(mode="after")
     def _local_needs_ids(self) -> Router:

@@ -44,7 +44,7 @@ def serve(
         typer.Option(help="Conditional disaggregation: a turn whose decode already holds all but at most this many "
                      "of the prompt's tokens is computed there, without the prefill hop; 0: always disaggregate. "
                      "Needs --verify-prefix."),
-    ] = 0,
+    ] = 4096,  # RouterConfig's default
     local_policy: Annotated[
         str, typer.Option(help="Which of those turns run on the decode: always; load (only while the decode has "
                           "fewer than --local-busy-streams requests in flight or the prefill is busy too); or work "

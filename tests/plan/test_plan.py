@@ -123,7 +123,11 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     from pdctl.errors import TopologyError
 
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
-    assert "--local-prefill-tokens" not in router.argv  # off unless asked for
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "4096"  # on by default
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=0"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "0"  # off reaches the router too
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.verify_prefix=false"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "0"  # the default needs the ids
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024"]), SELF_PYTHON)
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
