@@ -237,9 +237,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     if not r.verify_prefix:
         argv.append("--no-verify-prefix")
     argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]  # also 0: the router's own default is on
-    if r.local_prefill_tokens:
-        if r.local_policy != "always":
-            argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
+    if r.local_prefill_tokens and r.local_policy != "always":
+        argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():

@@ -167,7 +167,7 @@ def model_ms(s: Setting, what: str, length: int, costs: steps.StepCosts | None =
             cached = cached if s.prefix_caching else 0
             values.append(first(costs, n - cached, cached))
         elif s.mode == "on":  # P reads the decode's KV back, computes the rest; D pulls what it lacks
-            values.append(_read_ms(held) + first(costs, n - held, held) + decode)
+            values.append(_read_ms(held) + steps.readback_wait_ms(costs) + first(costs, n - held, held) + decode)
         else:
             values.append(first(costs, n, 0) + decode)
     return statistics.mean(values)

@@ -260,8 +260,8 @@ class Engine:
         read_ms = timing.kv_read_ms(nbytes, descriptors)
         scale = timing.time_scale(cfg.speed)
         self.metrics.record_transfer(read_ms * scale / 1e3, timing.READ_POST_MS * scale / 1e3, nbytes, descriptors)
-        if d2p and self.steps is None:  # the step loop models the wait for a step boundary itself
-            read_ms += timing.READBACK_WAIT_MS
+        if d2p:  # the readback's request then waits in WAITING_FOR_REMOTE_KVS for an engine step to see it done
+            read_ms += timing.READBACK_WAIT_MS if self.steps is None else steps.readback_wait_ms(self.steps.costs)
         pulled = [t for block in content for t in block][:count]
         expected = req.prompt[hit:limit]
         if pulled != expected:

@@ -144,6 +144,13 @@ def advance(batch: Batch) -> list[Seq]:
     return done
 
 
+def readback_wait_ms(costs: StepCosts) -> float:
+    """A prefill's D->P readback, once read, waits for one engine step to see it finished (vLLM moves the request
+    out of WAITING_FOR_REMOTE_KVS from a step's connector output): one step's fixed part. The eager anchor measured
+    38 ms (timing.READBACK_WAIT_MS) against this 32 ms."""
+    return costs.base_ms
+
+
 def unmodelled_ms(modelled_ms: float, own_ms: float) -> float:
     """What is left to wait of a request's modelled time outside the steps (HTTP, parsing, the KV read) after
     the simulator process spent `own_ms` (in modelled ms) doing that work for real."""

@@ -88,3 +88,8 @@ def test_the_graphs_fit_splits_the_two_h200_machines_at_24k() -> None:
     local = (steps.alone_ttft_ms(c, 768, 23808) + steps.alone_ttft_ms(c, 576, 24576)) / 2
     assert -0.16 < agg / 175 - 1 < 0
     assert 0 < local / 168 - 1 < 0.16
+
+
+def test_a_readback_waits_one_engine_step() -> None:
+    assert steps.readback_wait_ms(H200_GRAPHS) == H200_GRAPHS.base_ms == 18.8
+    assert steps.readback_wait_ms(steps.H200_EAGER) == 32.0
