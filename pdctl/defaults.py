@@ -29,10 +29,13 @@ ROUTER_PORT = 8000
 VERIFY_PREFIX = True
 """Reuse only KV whose token ids match the new prompt."""
 
-LOCAL_PREFILL_TOKENS = 0
-"""Conditional disaggregation off: every turn takes the prefill hop."""
+LOCAL_PREFILL_TOKENS = 4096
+"""Conditional disaggregation on: a warm turn whose decode holds all but at most this many of its prompt's tokens
+runs on that decode alone. On the simulated 1P1D and 2P2D it holds the most agent sessions within p90 TTFT <= 500 ms
+(docs/results/sim-capacity); 0 sends every warm turn through a prefill (needs verify_prefix: without the ids the
+router cannot tell what the decode holds, so the topology makes it 0 when verify_prefix is false)."""
 
-LOCAL_POLICY: Literal["always", "load"] = "always"
+LOCAL_POLICY: Literal["always", "load", "work"] = "always"
 """Which turns under local_prefill_tokens run on the decode alone."""
 
 LOCAL_BUSY_STREAMS = 4

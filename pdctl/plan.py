@@ -239,8 +239,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv.append("--verify-prefix" if r.verify_prefix else "--no-verify-prefix")
     if r.local_prefill_tokens != LOCAL_PREFILL_TOKENS:
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
-        if (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
-            argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
+    if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
+        argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():

@@ -3,13 +3,16 @@
 
 Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation: warm turns of at most
 --local-tokens new tokens run on the decode alone), on-load (the same with router.local_policy=load: on the
-decode only while it has fewer than --busy-streams requests in flight, or the prefill is busy too), agg (one
+decode only while it has fewer than --busy-streams requests in flight, or the prefill is busy too), on-work (the
+same with router.local_policy=work: on the decode while its in-flight prompt tokens are at most the prefill's plus
+the hop's cost), agg (one
 aggregated engine with prefix caching: one GPU, so its capacity per GPU is compared as well). Writes each
 topology's `pdctl bench` output under --out and prints the largest number of sessions within the SLO per leg.
 The machine's cores are shared: numbers are noisy.
 
     python scripts/capacity_sweep.py                                   # about 10 minutes
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
+    python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
 """
 
 from __future__ import annotations
@@ -50,11 +53,15 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
 def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
     path = tmp / f"{shape}.yaml"
     path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
-    legs = ["off:connector.bidirectional_kv_xfer=false", "on:connector.bidirectional_kv_xfer=true",
+    legs = ["off:connector.bidirectional_kv_xfer=false,router.local_prefill_tokens=0",
+            "on:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0",
             f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
             f"on-load:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
+            f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
+            "router.local_policy=work",
             "agg:mode=aggregated"]
+    legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
            "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
@@ -87,6 +94,7 @@ def main() -> int:
     p.add_argument("--local-tokens", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
+    p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)

@@ -91,4 +91,4 @@ class RouterMetrics:
 
 
 def _upstreams(pool: Pool) -> tuple[UpstreamStats, ...]:
-    return tuple(UpstreamStats(u.url, u.healthy, u.outstanding, u.failures, u.generation) for u in pool.members)
+    return tuple(UpstreamStats(u.url, u.healthy, u.outstanding, u.failures, u.generation, u.work) for u in pool.members)

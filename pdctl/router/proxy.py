@@ -132,8 +132,8 @@ def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None,
     if cached == 0:
         return None
     cfg = state.config
-    prefill_load = placement.Load(prefill.outstanding) if prefill is not None else None
-    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.Load(holder.outstanding),
+    prefill_load = placement.load_of(prefill) if prefill is not None else None
+    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.load_of(holder),
                                  prefill_load, cfg.local_busy_streams):
         return None
     return holder, cached
@@ -192,7 +192,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
     need_ids = taken.handle is not None and state.config.verify_prefix
     ids = await _prompt_ids(state, ctx, p) if need_ids else None
     local = local_decode(state, taken.handle, ids, p)
-    if local is not None and await _local_turn(state, ctx, receive, send, local):
+    if local is not None and ids is not None and await _local_turn(state, ctx, receive, send, local, len(ids)):
         return
     verdict = _verdict(state, taken, ids)
     t0, in_ms = ctx.t0, 0.0
@@ -201,9 +201,11 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             return
         if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
             in_ms = (time.perf_counter() - t0) * 1000
+        work = placement.Work(p, (len(ids) if ids is not None else placement.prompt_tokens(ctx.body)) - verdict.tokens)
         try:
             pre = await prefill.run(state, ctx, p, verdict, ids)
         finally:
+            work.done()
             state.prefill_gate.release()
         v = pre.verdict
         if attempt == 0:
@@ -238,7 +240,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
 
 
 async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
-                      local: tuple[Upstream, int]) -> bool:
+                      local: tuple[Upstream, int], prompt_len: int) -> bool:
     """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
 
     The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
@@ -258,7 +260,12 @@ async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive,
         state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached))
         _release(state, ctx)
 
-    res = await decode.run(state, ctx, receive, send, None, headers, keep, only=d)
+    work = placement.Work(d, prompt_len - cached)  # its prompt is a chunk in the decode's batch until the first token
+    try:
+        res = await decode.run(state, ctx, receive, placement.done_at_first_body(work, send), None, headers, keep,
+                               only=d)
+    finally:
+        work.done()
     if not res.sent:
         log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
         return False

@@ -28,6 +28,7 @@ class Upstream:
     role: str
     healthy: bool = True
     outstanding: int = 0
+    work: int = 0  # prompt tokens of its in-flight requests not yet computed (router.placement's estimate)
     failures: int = 0
     generation: int = 0
     engine_id: str | None = None

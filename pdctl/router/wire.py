@@ -125,6 +125,7 @@ class UpstreamStats:
     outstanding: int
     failures: int
     generation: int
+    work: int = 0  # prompt tokens of its in-flight requests not yet computed (router.placement's estimate)
 
 
 @dataclass(frozen=True)
@@ -194,8 +195,8 @@ class RouterStats:
 
 
 def _upstream_json(u: UpstreamStats) -> dict[str, object]:
-    return {"url": u.url, "healthy": u.healthy, "outstanding": u.outstanding, "failures": u.failures,
-            "generation": u.generation}
+    return {"url": u.url, "healthy": u.healthy, "outstanding": u.outstanding, "work": u.work,
+            "failures": u.failures, "generation": u.generation}
 
 
 def _bad(what: str, want: str, got: object) -> ValueError:
@@ -263,5 +264,6 @@ def _upstreams(d: Mapping[str, object], key: str) -> tuple[UpstreamStats, ...]:
             raise _bad(f"`{key}[{i}].url`", "a string", url)
         if not isinstance(healthy, bool):
             raise _bad(f"`{key}[{i}].healthy`", "true or false", healthy)
-        out.append(UpstreamStats(url, healthy, _int(u, "outstanding"), _int(u, "failures"), _int(u, "generation")))
+        out.append(UpstreamStats(url, healthy, _int(u, "outstanding"), _int(u, "failures"), _int(u, "generation"),
+                                 _int(u, "work")))
     return tuple(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ class GenRequest:
     kv_params: dict[str, Any] | None = None
     thinking: bool = False
     output: list[int] | None = None  # what the model writes, when the request decides it (a tool call, sample i)
+    arrived: float | None = None  # perf_counter when this process began work on it (counted: see _prefill)
 
 
 @dataclass
@@ -137,10 +139,13 @@ class Engine:
         pacer = timing.Pacer(self.cfg.speed)
         self.waiting += 1
         self.gauges()
+        queued = time.perf_counter()
         try:
             await self.slots.acquire()
         finally:
             self.waiting -= 1
+        if req.arrived is not None:  # waiting for a slot is queueing, not this process's own work
+            req.arrived += time.perf_counter() - queued
         self.running += 1
         self.gauges()
         try:
@@ -189,7 +194,11 @@ class Engine:
             self.metrics.lab(self.metrics.cache_queries).inc(n)
             self.metrics.lab(self.metrics.cache_hits).inc(hit)
         if self.steps is not None:
-            await pacer.wait_ms(self.steps.costs.request_ms + read_ms + cfg.extra_latency_ms)
+            # This process's own HTTP, JSON and side-channel time stands in for the real engine's per-request and
+            # read time, which the model charges: it counts against them rather than on top (as in _spend).
+            own = timing.modelled_ms(time.perf_counter() - req.arrived, cfg.speed) if req.arrived else 0.0
+            await pacer.wait_ms(steps.unmodelled_ms(self.steps.costs.request_ms + read_ms, own)
+                                + cfg.extra_latency_ms)
             ticket = self.steps.submit(req.request_id, n - hit - pulled, hit + pulled, len(output))
             try:
                 await ticket.next()
@@ -251,8 +260,8 @@ class Engine:
         read_ms = timing.kv_read_ms(nbytes, descriptors)
         scale = timing.time_scale(cfg.speed)
         self.metrics.record_transfer(read_ms * scale / 1e3, timing.READ_POST_MS * scale / 1e3, nbytes, descriptors)
-        if d2p and self.steps is None:  # the step loop models the wait for a step boundary itself
-            read_ms += timing.READBACK_WAIT_MS
+        if d2p:  # the readback's request then waits in WAITING_FOR_REMOTE_KVS for an engine step to see it done
+            read_ms += timing.READBACK_WAIT_MS if self.steps is None else steps.readback_wait_ms(self.steps.costs)
         pulled = [t for block in content for t in block][:count]
         expected = req.prompt[hit:limit]
         if pulled != expected:

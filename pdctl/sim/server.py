@@ -164,7 +164,9 @@ class SimServer:
             if p.n > 1:
                 return await self._samples(request, p, rid, internal)
             forced = p.tool.ids if p.tool else None
-            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced))
+            encoded = chat or isinstance(body.get("prompt"), str)  # then _spend took the time so far already
+            start = self.engine.start(GenRequest(internal, p.prompt, p.max_tokens, p.kv_params, p.thinking, forced,
+                                                 time.perf_counter() if encoded else started))
             run = await unless_gone(request, start)
         except EngineError as e:
             return _error(e)

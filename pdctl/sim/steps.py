@@ -28,10 +28,14 @@ class StepCosts:
     max_num_batched_tokens: int = 8192  # vLLM's default token budget on a GPU with >= 70 GiB
 
 
-# Fitted on one aggregated vLLM 0.26.0 on one H200, Qwen3-32B shape (reference/h200-1gpu-2026-12-01: cold turns,
-# warm turns with and without prefix caching at 2k-24k, TPOT 19.0-19.6 ms at 1 client, 22.7-25.5 ms at 4).
-H200_GRAPHS = StepCosts("h200-graphs", request_ms=9.3, base_ms=18.8, token_ms=0.0906, self_pair_ms=2.42e-6,
-                        ctx_pair_ms=6.23e-6, ctx_read_ms=2.7e-5)
+# Fitted (least maximum relative error of scripts/sim_steps_curve.py's single-client points) on vLLM 0.26.0,
+# Qwen3-32B shape, CUDA graphs: one aggregated H200 (reference/h200-1gpu-2026-12-01: cold turns, warm turns with
+# and without prefix caching at 2k-24k, TPOT 19.0-19.6 ms at 1 client, 22.7-25.5 ms at 4) and the two-H200
+# block-256 P/D runs (docs/results/h200x2-graphs-local*: warm ON turns, decode-local turns, cold turns). The two
+# machines disagree at 16k-24k context: the P/D decode computed a local turn's ~670 new tokens in less time than
+# the single H200 computed ~520; the fit splits that (-14 % on the one, +14 % on the other, sim included).
+H200_GRAPHS = StepCosts("h200-graphs", request_ms=5.7, base_ms=18.8, token_ms=0.0856, self_pair_ms=2.30e-6,
+                        ctx_pair_ms=6.08e-6, ctx_read_ms=2.7e-5)
 # The same with --enforce-eager (bench-eager-c1.json; TPOT ~33 ms), the setting of the two-H200 runs 1-3. Both fits
 # assume vLLM's default budget of 8192 tokens (chunked prefill): within 12 % of every point they were fitted on.
 H200_EAGER = StepCosts("h200-eager", request_ms=3.7, base_ms=32.0, token_ms=0.0953, self_pair_ms=2.25e-6,
@@ -138,6 +142,19 @@ def advance(batch: Batch) -> list[Seq]:
         if seq.out_left <= 0:
             done.append(seq)
     return done
+
+
+def readback_wait_ms(costs: StepCosts) -> float:
+    """A prefill's D->P readback, once read, waits for one engine step to see it finished (vLLM moves the request
+    out of WAITING_FOR_REMOTE_KVS from a step's connector output): one step's fixed part. The eager anchor measured
+    38 ms (timing.READBACK_WAIT_MS) against this 32 ms."""
+    return costs.base_ms
+
+
+def unmodelled_ms(modelled_ms: float, own_ms: float) -> float:
+    """What is left to wait of a request's modelled time outside the steps (HTTP, parsing, the KV read) after
+    the simulator process spent `own_ms` (in modelled ms) doing that work for real."""
+    return max(modelled_ms - max(own_ms, 0.0), 0.0)
 
 
 def alone_ttft_ms(costs: StepCosts, new_tokens: int, context: int) -> float:

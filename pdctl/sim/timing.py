@@ -31,7 +31,11 @@ KV_BYTES_PER_TOKEN = 2 * 64 * 8 * 128 * 2
 DESCRIPTORS_PER_RUN = 64
 # Contiguous reads: 6 GB / 704 descriptors in 29 ms, 3 GB / 2144 in 16 ms -> ~210 GB/s.
 READ_BYTES_PER_MS = 210e9 / 1e3
-# Fragmented reads: 6 GB / 94784 descriptors in 720 ms, 6 GB / 11968 in 132 ms -> ~7 us per descriptor.
+# Fragmented reads: 6 GB / 94784 descriptors in 720 ms, 6 GB / 11968 in 132 ms -> ~7 us per descriptor. A large
+# descriptor takes its bytes' time instead: at block 256 (CUDA graphs runs, docs/results/h200x2-graphs-local)
+# 6.4 GB in 3504 descriptors (55 runs) took 33.4 ms, 4.3 GB in 2400 took 23.3 ms, about the bytes alone. So a read
+# takes the longer of its bytes and its descriptors (the 11968-descriptor block-128 read, 132 ms, is the one
+# measurement this puts at 84 ms).
 DESCRIPTOR_MS = 0.007
 # Posting a transfer and its notification (Avg post time floor in the kvmetrics lines).
 READ_POST_MS = 0.7
@@ -103,15 +107,22 @@ def num_descriptors(local: Sequence[int], remote: Sequence[int]) -> int:
 
 
 def kv_read_ms(nbytes: int, descriptors: int) -> float:
-    """One NIXL READ: post cost, bytes over the link, per-descriptor cost (which dominates fragmented reads)."""
+    """One NIXL READ: post cost, then the bytes over the link or the per-descriptor cost, whichever is longer
+    (small descriptors of fragmented block-16 reads are bound by the per-descriptor cost, large ones by bytes)."""
     if nbytes <= 0:
         return 0.0
-    return READ_POST_MS + nbytes / READ_BYTES_PER_MS + descriptors * DESCRIPTOR_MS
+    return READ_POST_MS + max(nbytes / READ_BYTES_PER_MS, descriptors * DESCRIPTOR_MS)
 
 
 def off_fit_ttft_ms(n: int) -> float:
     """The measured OFF curve itself, for comparisons."""
     return OFF_FIT_CONST_MS + PREFILL_MS_PER_TOKEN * n + PREFILL_MS_PER_TOKEN_SQ * n * n
+
+
+def modelled_ms(wall_s: float, speed: float) -> float:
+    """Wall seconds this process spent, in modelled milliseconds (0 at an infinite speed)."""
+    scale = time_scale(speed)
+    return wall_s * 1000 / scale if scale else 0.0
 
 
 def time_scale(speed: float) -> float:

@@ -202,12 +202,14 @@ class Router(Strict):
         ge=0,
         description="Conditional disaggregation: a turn whose decode already caches all but at most this many of "
         "the prompt's tokens runs on that decode alone, skipping the prefill hop and both KV transfers (it costs "
-        "the decode's other streams one step of that many tokens); 0: always disaggregate.",
+        "the decode's other streams one step of that many tokens); 0: always disaggregate. Default 4096 (0 "
+        "with verify_prefix: false).",
     )
-    local_policy: Literal["always", "load"] = Field(
+    local_policy: Literal["always", "load", "work"] = Field(
         LOCAL_POLICY,
-        description="Which of those turns run on the decode: always, or load (only while the decode has fewer "
-        "than local_busy_streams requests in flight, or when the prefill is busy too).",
+        description="Which of those turns run on the decode: always; load (only while the decode has fewer "
+        "than local_busy_streams requests in flight, or when the prefill is busy too); or work (while the prompt "
+        "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill).",
     )
     local_busy_streams: int = Field(
         LOCAL_BUSY_STREAMS, ge=1, description="local_policy load: a decode with this many requests in flight is busy."
@@ -218,6 +220,14 @@ class Router(Strict):
         description="Headers naming a request's conversation, in order of precedence (after the body's "
         "conversation_id); null: the router's own list (see `pdctl router serve --help`).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_off_without_ids(cls, data: Any) -> Any:
+        """The default needs the prompt's ids; without verify_prefix it is 0 rather than an error."""
+        if isinstance(data, dict) and data.get("verify_prefix") is False and "local_prefill_tokens" not in data:
+            return {**data, "local_prefill_tokens": 0}
+        return data
 
     @model_validator(mode="after")
     def _local_needs_ids(self) -> Router:

@@ -28,7 +28,7 @@ prefill:
   - {{node: local, port: {free_port()}, side_channel_port: {free_port()}, prefix_caching: false}}
 decode:
   - {{node: local, port: {free_port()}, side_channel_port: {free_port()}}}
-router: {{node: local, port: {free_port()}}}
+router: {{node: local, port: {free_port()}, local_prefill_tokens: 0}}  # every warm turn through the P/D handshake
 sim: {{speed: 100, num_blocks: 4000}}
 python: {{venv: null}}
 work_dir: {tmp_path / "work"}

@@ -121,9 +121,15 @@ def test_explicit_block_size_and_efa_keep_theirs() -> None:
 
 def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> None:
     from pdctl.errors import TopologyError
+    from pdctl.router.config import RouterConfig
 
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
-    assert "--local-prefill-tokens" not in router.argv  # off unless asked for
+    assert "--local-prefill-tokens" not in router.argv  # on by default: the router's own default (pdctl.defaults)
+    assert RouterConfig(prefill=("http://p",), decode=("http://d",)).local_prefill_tokens == 4096
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=0"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "0"  # off reaches the router too
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.verify_prefix=false"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "0"  # the default needs the ids
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024"]), SELF_PYTHON)
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):

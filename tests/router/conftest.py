@@ -42,6 +42,10 @@ class RouterProc:
 def start_router(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *args: str,
                  env: dict[str, str] | None = None, name: str = "router") -> RouterProc:
     port = free_port()
+    # These tests exercise the P/D handshake on every warm turn: conditional disaggregation (on by default) is off
+    # unless a test asks for it.
+    if not any(a.startswith("--local-prefill-tokens") for a in args):
+        args = ("--local-prefill-tokens", "0", *args)
     argv = [sys.executable, "-m", "pdctl", "router", "serve", "--host", "127.0.0.1", "--port", str(port),
             *(a for u in prefill for a in ("--prefill", u)), *(a for u in decode for a in ("--decode", u)),
             "--model", SERVED, "--block-size", str(BLOCK), "--health-interval", "0.5", *args]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdctl.sim import steps
 from pdctl.sim.steps import H200_GRAPHS, Seq, form_batch, step_ms
 
@@ -68,5 +70,26 @@ def test_advance_samples_the_first_token_when_the_prompt_is_done() -> None:
 def test_alone_ttft_is_chunked_prefill_back_to_back() -> None:
     c = H200_GRAPHS
     chunks = [(8192, 0), (8192, 8192), (7616, 16384)]
-    assert steps.alone_ttft_ms(c, 24000, 0) == c.request_ms + sum(step_ms(c, [ch]) for ch in chunks)
-    assert steps.alone_ttft_ms(c, 600, 24000) == c.request_ms + step_ms(c, [(600, 24000)])
+    assert steps.alone_ttft_ms(c, 24000, 0) == pytest.approx(c.request_ms + sum(step_ms(c, [ch]) for ch in chunks))
+    assert steps.alone_ttft_ms(c, 600, 24000) == pytest.approx(c.request_ms + step_ms(c, [(600, 24000)]))
+
+
+def test_the_processes_own_time_counts_against_the_modelled_request_time() -> None:
+    assert steps.unmodelled_ms(40.0, 15.0) == 25.0  # parsing and the side-channel read took 15 of the 40 modelled
+    assert steps.unmodelled_ms(40.0, 55.0) == 0.0  # slower than the model: nothing left to wait, never negative
+    assert steps.unmodelled_ms(40.0, -1.0) == 40.0
+
+
+def test_the_graphs_fit_splits_the_two_h200_machines_at_24k() -> None:
+    # Turns 2 and 3 of a 24k conversation: the single H200 (block 16) computed 528 new tokens in 175 ms median, the
+    # P/D decode (block 256, local turns) 768 and 576 in 168 ms. One fit for both: below the one, above the other.
+    c = H200_GRAPHS
+    agg = (steps.alone_ttft_ms(c, 528, 24048) + steps.alone_ttft_ms(c, 528, 24624)) / 2
+    local = (steps.alone_ttft_ms(c, 768, 23808) + steps.alone_ttft_ms(c, 576, 24576)) / 2
+    assert -0.16 < agg / 175 - 1 < 0
+    assert 0 < local / 168 - 1 < 0.16
+
+
+def test_a_readback_waits_one_engine_step() -> None:
+    assert steps.readback_wait_ms(H200_GRAPHS) == H200_GRAPHS.base_ms == 18.8
+    assert steps.readback_wait_ms(steps.H200_EAGER) == 32.0

@@ -81,7 +81,16 @@ def test_time_model_reproduces_the_off_fit_and_descriptor_costs() -> None:
     fragmented = timing.kv_read_ms(six_gb, 94784)
     assert 500 < fragmented < 900  # measured: 6 GB with 94784 descriptors in 720 ms
     assert timing.kv_read_ms(six_gb, 704) < 60  # measured: 29 ms
+    b256 = timing.kv_read_ms(timing.kv_bytes(24576), 3504)  # measured at block 256: 6.4 GB, 55 runs in 33.4 ms
+    assert 30 < b256 < 36
+    assert timing.kv_read_ms(six_gb, 704) < b256 < fragmented
     assert timing.kv_read_ms(0, 0) == 0
+
+
+def test_wall_time_in_modelled_milliseconds() -> None:
+    assert timing.modelled_ms(0.010, 1) == pytest.approx(10.0)
+    assert timing.modelled_ms(0.010, 4) == pytest.approx(40.0)  # at speed 4 a wall ms is 4 modelled ones
+    assert timing.modelled_ms(0.010, float("inf")) == 0.0
 
 
 def test_pacer_skips_sleeping_at_infinite_speed() -> None:
