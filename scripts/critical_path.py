@@ -146,7 +146,8 @@ def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
         wait_health(durl, running[1], "decode simulator")
         if name == "pdctl":
             argv = [sys.executable, "-m", "pdctl.router", "serve", "--port", str(fp), "--prefill", purl,
-                    "--decode", durl, "--model", MODEL, "--decoder-kv-blocks-ttl", "120", "--log-level", "warning"]
+                    "--decode", durl, "--model", MODEL, "--decoder-kv-blocks-ttl", "120", "--log-level", "warning",
+                    "--local-prefill-tokens", "0"]  # the P/D handshake on every warm turn: what this script measures
         else:
             argv = [sys.executable, __file__, "--proxy-serve", str(fp), purl, durl]
         running.append(start(argv, logs / f"{name}.log"))

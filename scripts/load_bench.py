@@ -93,7 +93,7 @@ def start_router(log_dir: Path, prefill: list[str], decode: list[str]) -> tuple[
     port = free_port()
     argv = [sys.executable, "-m", "pdctl", "router", "serve", "--port", str(port), "--model", SERVED,
             *(a for u in prefill for a in ("--prefill", u)), *(a for u in decode for a in ("--decode", u)),
-            "--log-level", "warning"]
+            "--log-level", "warning", "--local-prefill-tokens", "0"]  # every warm turn through the P/D hops
     log = open(log_dir / "router.log", "ab")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -254,7 +254,8 @@ def main() -> None:
             wait_health(url, proc, "simulator")
         router = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(rp),
                         *(a for u in purls for a in ("--prefill", u)), *(a for u in durls for a in ("--decode", u)),
-                        "--model", MODEL, "--decoder-kv-blocks-ttl", "60", "--log-level", "warning"],
+                        "--model", MODEL, "--decoder-kv-blocks-ttl", "60", "--log-level", "warning",
+                        "--local-prefill-tokens", "0"],  # the P/D handshake on every warm turn, as the naive proxy
                        logs / "router.log", router_core)
         naive = start([sys.executable, __file__, "--naive-serve", str(np_), ",".join(purls), ",".join(durls)],
                       logs / "naive.log", router_core)
