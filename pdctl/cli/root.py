@@ -3,8 +3,12 @@ the registration of each command group's module."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -103,4 +107,24 @@ from pdctl.cli.router import register as _register_router; _register_router(app)
 
 
 def main() -> None:
-    app()
+    """The `pdctl` console script. After a Ctrl-C the process ends at once (`os._exit`, stdio flushed) instead of
+    through the interpreter's shutdown: a KeyboardInterrupt that lands while a worker thread is being joined can
+    leave that thread unjoinable on CPython < 3.12, and the shutdown would then wait for it forever. What pdctl
+    must keep is written before that point (the state file as processes start; the lock goes with the process)."""
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        app()
+        code: str | int | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    if interrupted.is_set():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+    sys.exit(code)
