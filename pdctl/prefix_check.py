@@ -1,0 +1,119 @@
+"""The prefix check a prefill runs before it reads a decode's KV: are the decode's tokens the new prompt's prefix?
+
+vLLM trusts `remote_num_tokens` and the block ids it is given (issue #43094). The router knows which token ids a
+decode's handle holds; the prefill is the one that tokenizes the new prompt anyway. So the router sends, with the
+handle, a digest chain of the held tokens (`spec`) and `remote_num_tokens` 0, and the prefill, once it has the
+prompt's ids and before its scheduler counts a single remote token, compares its own chain (`check`) and sets
+`remote_num_tokens` to what it verified: all of it (hit), the leading whole blocks that match (partial), or 0
+(miss: nothing is read, and the decode is told to free the blocks). A prefill without this check reads nothing
+(remote_num_tokens is 0), so an engine that lacks it fails safe, as a miss.
+
+The verdict's rules are the router's own (pdctl/router/verify.py): a hit needs a strictly longer prompt; a
+partial keeps whole chunks of `chunk_tokens(block_size)` tokens (>= 256, a multiple of the block size).
+
+Standard library only, and nothing of pdctl: the same file runs in the router, in pdctl's simulator and, copied
+verbatim by `pdctl.vllm_compat`, inside a vLLM prefill's scheduler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+FIELD = "pdctl_prefix"  # in the params the router sends the prefill: the spec
+REPORT = "pdctl_reuse"  # in the params the prefill answers with: what it verified
+VERSION = 1
+DIGEST_BYTES = 12
+MIN_CHUNK_TOKENS = 256
+
+# The `reason` of a report; the same strings as pdctl.router.wire's reasons.
+VERIFIED = "verified"
+PREFIX_DIVERGED = "prefix_diverged"
+PROMPT_NOT_LONGER = "prompt_not_longer"
+SPEC_INVALID = "prefix_spec_invalid"
+
+
+def chunk_tokens(block_size: int) -> int:
+    """The check's granularity: whole blocks, at least MIN_CHUNK_TOKENS tokens (fewer digests to send)."""
+    return block_size * max(1, -(-MIN_CHUNK_TOKENS // block_size))
+
+
+def _digest(prev: bytes, ids: Sequence[int]) -> bytes:
+    return hashlib.blake2b(prev + array("i", ids).tobytes(), digest_size=DIGEST_BYTES).digest()
+
+
+def chain(ids: Sequence[int], step: int, limit: int) -> list[bytes]:
+    """The running digest after each whole `step`-token chunk of `ids[:limit]`."""
+    out: list[bytes] = []
+    prev = b""
+    for start in range(0, limit - limit % step, step):
+        prev = _digest(prev, ids[start:start + step])
+        out.append(prev)
+    return out
+
+
+def _full(links: list[bytes], ids: Sequence[int], step: int, n: int) -> bytes:
+    """The digest of exactly `ids[:n]`: the chain's last link and the tokens after it."""
+    return _digest(b"F" + (links[-1] if links else b""), ids[(n // step) * step:n])
+
+
+def spec(held: Sequence[int], n: int, block_size: int, partial: bool = True) -> dict[str, Any]:
+    """What the router sends for a handle whose decode holds `held[:n]`."""
+    step = chunk_tokens(block_size)
+    links = chain(held, step, n)
+    return {"v": VERSION, "n": n, "block_size": block_size, "step": step, "partial": partial,
+            "chain": [d.hex() for d in links], "full": _full(links, held, step, n).hex()}
+
+
+def _valid(s: Any) -> bool:
+    if not isinstance(s, dict) or s.get("v") != VERSION:
+        return False
+    n, bs, step, links = s.get("n"), s.get("block_size"), s.get("step"), s.get("chain")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, bs, step)):
+        return False
+    assert isinstance(n, int) and isinstance(bs, int)
+    return (n > 0 and bs > 0 and step == chunk_tokens(bs) and isinstance(links, list)
+            and len(links) == n // step and all(isinstance(d, str) for d in links)
+            and isinstance(s.get("full"), str))
+
+
+def _truncate(params: dict[str, Any], blocks: int) -> None:
+    ids = params.get("remote_block_ids")
+    if ids and isinstance(ids[0], list):
+        params["remote_block_ids"] = [list(group[:blocks]) for group in ids]
+    elif isinstance(ids, list):
+        params["remote_block_ids"] = list(ids[:blocks])
+
+
+def check(params: dict[str, Any], prompt: Sequence[int]) -> dict[str, Any] | None:
+    """Verify the spec in `params` (taken out of it) against the prompt's ids, in place.
+
+    Sets `remote_num_tokens` (and, for a partial, truncates `remote_block_ids` to the verified blocks) and puts the
+    report under REPORT; returns the report, or None when `params` carries no spec.
+    """
+    s = params.pop(FIELD, None)
+    if s is None:
+        return None
+    outcome, tokens, reason = "miss", 0, SPEC_INVALID
+    if _valid(s):
+        n, bs, step = s["n"], s["block_size"], s["step"]
+        if len(prompt) <= n:
+            reason = PROMPT_NOT_LONGER
+        else:
+            mine = chain(prompt, step, n)
+            theirs = s["chain"]
+            if [d.hex() for d in mine] == theirs and _full(mine, prompt, step, n).hex() == s["full"]:
+                outcome, tokens, reason = "hit", n, VERIFIED
+            else:
+                reason = PREFIX_DIVERGED
+                same = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a.hex() != b),
+                            len(mine))
+                if same > 0 and s["partial"]:
+                    outcome, tokens = "partial", same * step
+                    _truncate(params, tokens // bs)
+    params["remote_num_tokens"] = tokens
+    report = {"outcome": outcome, "tokens": tokens, "reason": reason}
+    params[REPORT] = report
+    return report
