@@ -29,6 +29,11 @@ ROUTER_PORT = 8000
 VERIFY_PREFIX = True
 """Reuse only KV whose token ids match the new prompt."""
 
+VERIFY_AT: Literal["prefill", "router"] = "prefill"
+"""Where the prefix is verified: by the prefill, against the router's digests of the held tokens, once it has
+tokenized the prompt itself (pdctl.prefix_check; vLLM needs pdctl's patch, the simulator has it), or by the
+router, through a /tokenize of the whole prompt before the prefill hop."""
+
 LOCAL_PREFILL_TOKENS = 4096
 """Conditional disaggregation on: a warm turn whose decode holds all but at most this many of its prompt's tokens
 runs on that decode alone. On the simulated 1P1D and 2P2D it holds the most agent sessions within p90 TTFT <= 500 ms

@@ -12,7 +12,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pdctl.defaults import LOCAL_BUSY_STREAMS, LOCAL_POLICY, LOCAL_PREFILL_TOKENS, VERIFY_PREFIX
+from pdctl.defaults import LOCAL_BUSY_STREAMS, LOCAL_POLICY, LOCAL_PREFILL_TOKENS, VERIFY_AT, VERIFY_PREFIX
 from pdctl.markers import MARKER
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
@@ -237,6 +237,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     # Left out where the topology holds the router's own default (both take it from pdctl.defaults).
     if r.verify_prefix != VERIFY_PREFIX:
         argv.append("--verify-prefix" if r.verify_prefix else "--no-verify-prefix")
+    if r.verify_prefix and r.verify_at != VERIFY_AT:
+        argv += ["--verify-at", r.verify_at]
     if r.local_prefill_tokens != LOCAL_PREFILL_TOKENS:
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):

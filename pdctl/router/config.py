@@ -4,13 +4,14 @@ derived (pdctl.router.options). Defaults the topology shares come from pdctl.def
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pdctl.defaults import (
     HANDLE_TTL_S,
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    VERIFY_AT,
     VERIFY_PREFIX,
     VLLM_BLOCK_SIZE,
     VLLM_DECODER_KV_BLOCKS_TTL_S,
@@ -21,6 +22,7 @@ from pdctl.router.identity import DEFAULT_HEADERS
 from pdctl.router.placement import POLICIES, LocalPolicy
 
 T = TypeVar("T")
+VerifyAt = Literal["prefill", "router"]
 
 
 def knob(default: T, help: str, *, flag: str | None = None) -> T:
@@ -50,6 +52,12 @@ class RouterConfig:
     )
     verify_prefix: bool = knob(VERIFY_PREFIX, "Reuse only KV whose token ids match.")
     partial_reuse: bool = knob(True, "On divergence reuse the verified blocks.")
+    verify_at: VerifyAt = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
+        VERIFY_AT,
+        "Where the prefix is verified: prefill (the prefill checks the router's digests of the held tokens against "
+        "its own tokenization before it reads; vLLM needs pdctl's patch) or router (a /tokenize of the whole "
+        "prompt before the prefill hop).",
+    )
     local_prefill_tokens: int = knob(
         LOCAL_PREFILL_TOKENS,
         "Conditional disaggregation: a turn whose decode already holds all but at most this many of the prompt's "
@@ -121,6 +129,8 @@ class RouterConfig:
             problems.append(f"--local-prefill-tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.local_policy not in POLICIES:
             problems.append(f"--local-policy must be one of {', '.join(POLICIES)}, got {self.local_policy!r}")
+        if self.verify_at not in ("prefill", "router"):
+            problems.append(f"--verify-at must be prefill or router, got {self.verify_at!r}")
         if self.local_busy_streams < 1:
             problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):

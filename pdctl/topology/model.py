@@ -19,6 +19,7 @@ from pdctl.defaults import (
     LOCAL_PREFILL_TOKENS,
     ROUTER_PORT,
     UCX_BLOCK_SIZE,
+    VERIFY_AT,
     VERIFY_PREFIX,
     VLLM_BLOCK_SIZE,
     VLLM_DECODER_KV_BLOCKS_TTL_S,
@@ -197,6 +198,12 @@ class Router(Strict):
     handle_ttl: float = Field(HANDLE_TTL_S, gt=0, description="Seconds the router trusts a decode handle.")
     api_key_env: EnvKey | None = Field(None, description="Env var holding the API key clients must send.")
     verify_prefix: bool = Field(VERIFY_PREFIX, description="Reuse only KV whose tokens match the new prompt.")
+    verify_at: Literal["prefill", "router"] = Field(
+        VERIFY_AT,
+        description="Where the prefix is verified: prefill (the prefill checks the router's digests of the held "
+        "tokens against its own tokenization, before it reads anything; pdctl patches vLLM for it) or router (a "
+        "/tokenize of the whole prompt on the critical path, for a vLLM pdctl cannot patch).",
+    )
     local_prefill_tokens: int = Field(
         LOCAL_PREFILL_TOKENS,
         ge=0,
