@@ -61,6 +61,7 @@ class SimConfig:
     poison_marker: str | None = None
     kv_pull_delay_ms: float = 0.0
     stream_kv_params: bool = True
+    prefix_check: bool = True
     api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
 
@@ -135,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stream-kv-params", action=argparse.BooleanOptionalAction, default=True,
                    help="put kv_transfer_params in a stream's final chunk; --no-stream-kv-params: as vLLM < 0.33 "
                    "without pdctl's patch")
+    s.add_argument("--prefix-check", action=argparse.BooleanOptionalAction, default=True,
+                   help="as a prefill, verify the router's digests of a handle's tokens before reading it "
+                   "(pdctl.prefix_check, which pdctl patches into vLLM); --no-prefix-check: a vLLM without the "
+                   "patch, which then reads nothing of a handle the router sent for checking")
     return p
 
 
@@ -185,6 +190,7 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         poison_marker=args.poison_marker or None,
         kv_pull_delay_ms=args.kv_pull_delay_ms,
         stream_kv_params=args.stream_kv_params,
+        prefix_check=args.prefix_check,
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),
     )

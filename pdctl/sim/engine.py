@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from pdctl import prefix_check
 from pdctl.sim import steps, timing
 from pdctl.sim.blocks import BlockPool, PoolExhausted
 from pdctl.sim.config import SimConfig
@@ -84,6 +85,9 @@ class Run:
         if self.is_p:
             eng.store.retain(self.req.request_id, self.block_ids, eng.cfg.kv.lease_duration, "lease")
             params = eng.handle(self.req.request_id, self.block_ids, self.seq_len, None, p_node=True)
+            report = (self.req.kv_params or {}).get(prefix_check.REPORT)
+            if report is not None:  # what the prefix check verified, as pdctl's patch adds it to vLLM's answer
+                params[prefix_check.REPORT] = report
         elif self.is_d and eng.cfg.kv.bidirectional:
             deadline = eng.store.retain(self.req.request_id, self.block_ids, eng.cfg.kv.decoder_kv_blocks_ttl, "ttl")
             params = eng.handle(self.req.request_id, self.block_ids, self.seq_len, deadline, p_node=False)
@@ -231,7 +235,12 @@ class Engine:
             return 0, 0.0, seq
         n = len(req.prompt)
         hit = hit_blocks * pool.block_size
-        limit = min(int(params.get("remote_num_tokens") or n), n)
+        if d2p:  # as pdctl's patch to vLLM's scheduler: before a single remote token is counted
+            if cfg.prefix_check:
+                prefix_check.check(params, req.prompt)
+            limit = min(int(params.get("remote_num_tokens") or 0), n)  # vLLM: `or 0`; the router sends 0 + a spec
+        else:  # the decode's pull: every prompt token the prefill computed
+            limit = min(int(params.get("remote_num_tokens") or n), n)
         count = limit - hit
         if count <= 0 or count < cfg.kv.recompute_threshold:
             asyncio.get_running_loop().create_task(self.reader.notify(params))
