@@ -393,7 +393,8 @@ def _run(command: str, site: Path, version: str, only: Sequence[str]) -> int:
         unknown = [patch for patch, state in states.items() if state == "unknown-layout"]
         if unknown:
             print(
-                f"error: vLLM {version} at {site} has a layout unknown to pdctl's {' and '.join(unknown)} patch;"
+                f"error: vLLM {version} at {site} has a layout unknown to pdctl's {' and '.join(unknown)} patch"
+                f"{'es' if len(unknown) > 1 else ''};"
                 " run apply to see where",
                 file=sys.stderr,
             )
