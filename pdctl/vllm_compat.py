@@ -1,15 +1,23 @@
-"""Make an installed vLLM older than 0.33.0 stream `kv_transfer_params`, as vLLM 0.33.0 does.
+"""pdctl's two patches to an installed vLLM: streaming `kv_transfer_params`, and the prefix check at the prefill.
 
-Without it a decode node's handle never reaches the router when the decode request streams, and every turn
-of a conversation is a miss (shared reference: vllm-bidirectional.md, sections 3.4 and 4). The patch adds an
-optional `kv_transfer_params` field to the streaming chunk models of `/v1/completions` and
-`/v1/chat/completions`, and sets it from the engine output on the chunk that carries `finish_reason`.
+`streaming` (vLLM older than 0.33.0, which does it natively): without it a decode node's handle never reaches the
+router when the decode request streams, and every turn of a conversation is a miss (shared reference:
+vllm-bidirectional.md, sections 3.4 and 4). It adds an optional `kv_transfer_params` field to the streaming chunk
+models of `/v1/completions` and `/v1/chat/completions`, and sets it from the engine output on the chunk that
+carries `finish_reason`.
 
-Edits are lines inserted next to exact anchor lines of the installed files, kept per vLLM version in
-`_EDITS`. A version without its own entry is tried against the known ones; a layout whose anchors are
-missing is refused, never guessed. Run on a node, inside the venv that holds vLLM:
+`prefix-check` (every vLLM; none does it natively): the prefill verifies that a decode's tokens are the new
+prompt's prefix before its scheduler counts a single remote token, so the router need not `/tokenize` the whole
+conversation on the critical path (issue 18). It copies `pdctl/prefix_check.py` verbatim next to the NIXL
+connector's pull scheduler, calls its `check` in `get_num_new_matched_tokens` when the router sent a digest
+chain, and adds the check's report (`pdctl_reuse`) to the params `request_finished` returns.
 
-    python -m pdctl.vllm_compat status|apply [--site-packages DIR] [--version V]
+Edits are lines inserted next to exact anchor lines of the installed files, kept per vLLM version. A version
+without its own entry is tried against the known ones; a layout whose anchors are missing is refused, never
+guessed. `status` prints the combined state first (patched only when both are in, each either patched or
+native), then each patch's. Run on a node, inside the venv that holds vLLM:
+
+    python -m pdctl.vllm_compat status|apply [--only streaming|prefix-check] [--site-packages DIR] [--version V]
 """
 
 from __future__ import annotations
@@ -20,31 +28,41 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
 PATCHED_MARKER = "# pdctl-compat: kv_transfer_params on the final streaming chunk, as vLLM 0.33.0 does"
+PREFIX_MARKER = "# pdctl-compat: pdctl's prefix check, before anything reads remote_num_tokens (pdctl/prefix_check.py)"
 FIRST_NATIVE = (0, 33, 0)
 BACKUP_SUFFIX = ".pdctl-orig"
+STREAMING = "streaming"
+PREFIX_CHECK = "prefix-check"
+PATCHES = (STREAMING, PREFIX_CHECK)
+NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+PREFIX_COPY = f"{NIXL}/pdctl_prefix_check.py"
+# pdctl's own prefix check, read as a file: this module imports nothing of pdctl.
+PREFIX_SOURCE = Path(__file__).with_name("prefix_check.py")
 
 Status = Literal["native", "patched", "needs-patch", "unknown-layout"]
 
 
 @dataclass(frozen=True)
 class Edit:
-    """Insert `insert`, indented like `anchor`, next to `anchor` inside the block that `scope` opens."""
+    """Insert `insert`, indented like `anchor`, next to `anchor` inside the block that `scope` opens ("": the
+    whole file)."""
 
     path: str
     scope: str
     anchor: tuple[str, ...]
     insert: str
     before: bool = False
+    marker: str = PATCHED_MARKER
 
     def lines(self, indent: str) -> list[str]:
-        body = [PATCHED_MARKER, *textwrap.dedent(self.insert).strip("\n").splitlines()]
+        body = [self.marker, *textwrap.dedent(self.insert).strip("\n").splitlines()]
         return [indent + line for line in body]
 
 
@@ -95,7 +113,47 @@ _V0_26_0 = (
     ),
 )
 
-_EDITS: dict[tuple[int, int, int], tuple[Edit, ...]] = {(0, 26, 0): _V0_26_0}
+_PULL = f"{NIXL}/pull_scheduler.py"
+_PREFIX_V0_26_0 = (
+    Edit(
+        path=_PULL,
+        scope="",
+        anchor=("from vllm.logger import init_logger",),
+        insert="from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pdctl_prefix_check import check as pdctl_check",
+        marker=PREFIX_MARKER,
+    ),
+    Edit(
+        path=_PULL,
+        scope="    def get_num_new_matched_tokens(",
+        anchor=(
+            "        params = request.kv_transfer_params",
+            "        logger.debug(",
+            '            "NIXLConnector get_num_new_matched_tokens: "',
+            '            "num_computed_tokens=%s, kv_transfer_params=%s",',
+            "            num_computed_tokens,",
+            "            params,",
+            "        )",
+        ),
+        # check() takes the spec out of params: asked again while the request waits for blocks, it is a no-op.
+        insert="""
+            if params is not None and "pdctl_prefix" in params and params.get("do_remote_decode"):
+                pdctl_check(params, request.prompt_token_ids or [])
+        """,
+        marker=PREFIX_MARKER,
+    ),
+    Edit(
+        path=_PULL,
+        scope="    def request_finished(",
+        anchor=("            remote_blocks_expiry_time=blocks_expiry_time,",),
+        insert='pdctl_reuse=params.get("pdctl_reuse"),',
+        marker=PREFIX_MARKER,
+    ),
+)
+
+_EDITS: dict[str, dict[tuple[int, int, int], tuple[Edit, ...]]] = {
+    STREAMING: {(0, 26, 0): _V0_26_0},
+    PREFIX_CHECK: {(0, 26, 0): _PREFIX_V0_26_0},
+}
 
 
 class _State(enum.Enum):
@@ -130,11 +188,13 @@ def _scope_end(lines: list[str], start: int, indent: int) -> int:
 
 
 def _find(lines: list[str], edit: Edit) -> _Found:
-    scopes = [i for i, line in enumerate(lines) if line == edit.scope]
-    if len(scopes) != 1:
-        return _Found(_State.MISSING, missing=edit.scope)
-    start = scopes[0]
-    end = _scope_end(lines, start, len(edit.scope) - len(edit.scope.lstrip()))
+    start, end = -1, len(lines)
+    if edit.scope:
+        scopes = [i for i, line in enumerate(lines) if line == edit.scope]
+        if len(scopes) != 1:
+            return _Found(_State.MISSING, missing=edit.scope)
+        start = scopes[0]
+        end = _scope_end(lines, start, len(edit.scope) - len(edit.scope.lstrip()))
     n = len(edit.anchor)
     hits = [k for k in range(start + 1, end - n + 1) if tuple(lines[k : k + n]) == edit.anchor]
     if len(hits) != 1:
@@ -179,15 +239,11 @@ def _states(site_packages: Path, edits: Sequence[Edit]) -> list[tuple[Edit, _Fou
     return result
 
 
-def _candidates(version: tuple[int, int, int]) -> list[tuple[Edit, ...]]:
-    if version in _EDITS:
-        return [_EDITS[version]]
-    return [_EDITS[key] for key in sorted(_EDITS, reverse=True)]
-
-
-def _choose(site_packages: Path, version: str) -> list[tuple[Edit, _Found]]:
-    """The first known edit set whose anchors all match, else the closest one with what is missing."""
-    candidates = _candidates(parse_version(version))
+def _choose(site_packages: Path, patch: str, version: str) -> list[tuple[Edit, _Found]]:
+    """The first known edit set of `patch` whose anchors all match, else the closest one with what is missing."""
+    known = _EDITS[patch]
+    key = parse_version(version)
+    candidates = [known[key]] if key in known else [known[k] for k in sorted(known, reverse=True)]
     for edits in candidates:
         states = _states(site_packages, edits)
         if all(found.state is not _State.MISSING for _, found in states):
@@ -195,32 +251,74 @@ def _choose(site_packages: Path, version: str) -> list[tuple[Edit, _Found]]:
     return _states(site_packages, candidates[0])
 
 
-def status(site_packages: Path, version: str) -> Status:
-    """Whether vLLM `version` installed in `site_packages` streams `kv_transfer_params`, or can be made to."""
-    if parse_version(version) >= FIRST_NATIVE:
-        return "native"
-    states = {found.state for _, found in _choose(site_packages, version)}
-    if _State.MISSING in states:
+def _native(patch: str, version: str) -> bool:
+    return patch == STREAMING and parse_version(version) >= FIRST_NATIVE
+
+
+def _copy_current(site_packages: Path) -> bool:
+    target = site_packages / PREFIX_COPY
+    return target.is_file() and target.read_bytes() == PREFIX_SOURCE.read_bytes()
+
+
+def patch_status(site_packages: Path, version: str) -> dict[str, Status]:
+    """Each patch's state in vLLM `version` installed in `site_packages`, by name (PATCHES)."""
+    result: dict[str, Status] = {}
+    for patch in PATCHES:
+        if _native(patch, version):
+            result[patch] = "native"
+            continue
+        states = {found.state for _, found in _choose(site_packages, patch, version)}
+        if patch == PREFIX_CHECK and not _copy_current(site_packages):
+            states.add(_State.PENDING)  # absent, or an older pdctl's copy
+        if _State.MISSING in states:
+            result[patch] = "unknown-layout"
+        else:
+            result[patch] = "needs-patch" if _State.PENDING in states else "patched"
+    return result
+
+
+def combined(states: Mapping[str, Status]) -> Status:
+    """One word for all patches: the worst of them; patched when each is patched or native."""
+    values = set(states.values())
+    if "unknown-layout" in values:
         return "unknown-layout"
-    return "needs-patch" if _State.PENDING in states else "patched"
+    if "needs-patch" in values:
+        return "needs-patch"
+    return "native" if values == {"native"} else "patched"
 
 
-def apply(site_packages: Path, version: str) -> list[Path]:
-    """Patch the installed files in place and return those changed; a no-op when already patched.
+def status(site_packages: Path, version: str) -> Status:
+    """Whether vLLM `version` installed in `site_packages` carries both patches (or does what they do)."""
+    return combined(patch_status(site_packages, version))
 
-    Raises ValueError naming the file and the missing anchor when the layout is not one pdctl knows.
+
+_FIXES = {
+    STREAMING: "use vLLM >= 0.33.0, which streams kv_transfer_params natively",
+    PREFIX_CHECK: "set router.verify_at: router, or use vLLM 0.26.0",
+}
+
+
+def apply(site_packages: Path, version: str, only: Sequence[str] = PATCHES) -> list[Path]:
+    """Apply the patches named in `only` in place and return the files changed; a no-op when already in.
+
+    Raises ValueError naming the file and the missing anchor, before changing anything, when the layout of one
+    of them is not one pdctl knows.
     """
-    if parse_version(version) >= FIRST_NATIVE:
-        return []
-    states = _choose(site_packages, version)
-    for edit, found in states:
-        if found.state is _State.MISSING:
-            raise ValueError(
-                f"cannot patch vLLM {version}: {site_packages / edit.path} has no line {found.missing!r}"
-                f" inside {edit.scope.strip()!r}; this layout is unknown to pdctl (use vLLM >= 0.33.0,"
-                " which streams kv_transfer_params natively)"
-            )
+    chosen = {patch: _choose(site_packages, patch, version) for patch in only if not _native(patch, version)}
+    for patch, states in chosen.items():
+        for edit, found in states:
+            if found.state is _State.MISSING:
+                where = repr(edit.scope.strip()) if edit.scope else "the module"
+                raise ValueError(
+                    f"cannot apply pdctl's {patch} patch to vLLM {version}: {site_packages / edit.path} has no"
+                    f" line {found.missing!r} inside {where}; this layout is unknown to pdctl ({_FIXES[patch]})"
+                )
     changed: list[Path] = []
+    if PREFIX_CHECK in chosen and not _copy_current(site_packages):
+        target = site_packages / PREFIX_COPY  # before the import of it goes in
+        _write_atomic(target, PREFIX_SOURCE.read_text(encoding="utf-8"), target.with_name("pull_scheduler.py"))
+        changed.append(target)
+    states = [pair for pairs in chosen.values() for pair in pairs]
     for rel in dict.fromkeys(edit.path for edit, _ in states):
         path = site_packages / rel
         original = path.read_text(encoding="utf-8")
@@ -228,7 +326,7 @@ def apply(site_packages: Path, version: str) -> list[Path]:
         applied = [_apply_one(lines, edit) for edit, _ in states if edit.path == rel]
         if any(applied):
             _backup_once(path, original)
-            _write_atomic(path, "\n".join(lines))
+            _write_atomic(path, "\n".join(lines), path)
             changed.append(path)
     return changed
 
@@ -239,10 +337,10 @@ def _backup_once(path: Path, original: str) -> None:
         backup.write_text(original, encoding="utf-8")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str, mode_of: Path) -> None:
     tmp = path.with_name(f".{path.name}.pdctl-tmp")
     tmp.write_text(text, encoding="utf-8")
-    os.chmod(tmp, path.stat().st_mode & 0o7777)
+    os.chmod(tmp, mode_of.stat().st_mode & 0o7777)
     os.replace(tmp, path)
 
 
@@ -261,9 +359,11 @@ def installed_vllm(site_packages: Path | None = None) -> tuple[Path, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pdctl.vllm_compat",
-        description="Report on or apply pdctl's streaming kv_transfer_params patch to an installed vLLM.",
+        description="Report on or apply pdctl's patches to an installed vLLM: streaming kv_transfer_params, and "
+        "the prefix check at the prefill.",
     )
     parser.add_argument("command", choices=["status", "apply"])
+    parser.add_argument("--only", action="append", choices=PATCHES, help="apply only this patch (repeatable)")
     parser.add_argument(
         "--site-packages", type=Path, help="directory holding vllm/ (default: the installed one)"
     )
@@ -275,24 +375,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: vllm is not installed here; pass --site-packages and --version", file=sys.stderr)
         return 2
     try:
-        return _run(args.command, site, version)
+        return _run(args.command, site, version, tuple(args.only or PATCHES))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(command: str, site: Path, version: str) -> int:
+def _line(site: Path, version: str, states: Mapping[str, Status], tail: str = "") -> str:
+    parts = ", ".join(f"{patch}: {state}" for patch, state in states.items())
+    return f"{combined(states)} vllm {version} {site} ({parts}{tail})"
+
+
+def _run(command: str, site: Path, version: str, only: Sequence[str]) -> int:
     if command == "status":
-        result = status(site, version)
-        print(f"{result} vllm {version} {site}")
-        if result == "unknown-layout":
+        states = patch_status(site, version)
+        print(_line(site, version, states))
+        unknown = [patch for patch, state in states.items() if state == "unknown-layout"]
+        if unknown:
             print(
-                f"error: vLLM {version} at {site} has a layout unknown to pdctl; run apply to see where",
+                f"error: vLLM {version} at {site} has a layout unknown to pdctl's {' and '.join(unknown)} patch"
+                f"{'es' if len(unknown) > 1 else ''};"
+                " run apply to see where",
                 file=sys.stderr,
             )
-        return 2 if result == "unknown-layout" else 0
-    changed = apply(site, version)
-    print(f"{status(site, version)} vllm {version} {site} ({len(changed)} files changed)")
+        return 2 if unknown else 0
+    changed = apply(site, version, only)
+    print(_line(site, version, patch_status(site, version), f"; {len(changed)} files changed"))
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Facts about the node's Python environment: the venv, the versions inside it, NIXL's plugins, the vLLM patch."""
+"""Facts about the node's Python environment: the venv, the versions inside it, NIXL's plugins, the vLLM patches."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -96,28 +97,46 @@ class VenvState(Fact[Venv]):
         return Venv(exists=False)
 
 
+PATCH_STATES = ("native", "patched", "needs-patch", "unknown-layout")
+
+
 @dataclass(frozen=True)
-class VllmCompat(Fact[str | None]):
-    """`python -m pdctl.vllm_compat status` in the venv: native, patched, needs-patch or unknown-layout.
+class VllmPatches:
+    """Each of pdctl's vLLM patches (pdctl.vllm_compat): native, patched, needs-patch or unknown-layout."""
+
+    streaming: str
+    prefix_check: str
+
+    @property
+    def ready(self) -> bool:
+        """Both in (or done by vLLM itself)."""
+        return self.streaming in ("native", "patched") and self.prefix_check == "patched"
+
+
+@dataclass(frozen=True)
+class VllmCompat(Fact[VllmPatches | None]):
+    """`python -m pdctl.vllm_compat status` in the venv: the state of each of pdctl's patches.
 
     None when it cannot say (pdctl or vLLM not installed there yet).
     """
 
     python: str
     name: ClassVar[str] = "python.VllmCompat"
-    result: ClassVar[object] = str | None
+    result: ClassVar[object] = VllmPatches | None
 
     def command(self, layout: HostLayout) -> str:
         return f"{path(self.python)} -m pdctl.vllm_compat status"
 
-    def process(self, lines: list[str]) -> str | None:
+    def process(self, lines: list[str]) -> VllmPatches | None:
         for line in lines:
             word = line.split(" ", 1)[0]
-            if word in ("native", "patched", "needs-patch", "unknown-layout"):
-                return word
+            if word in PATCH_STATES:
+                parts = dict(re.findall(r"(streaming|prefix-check): ([a-z-]+)", line))
+                # An older pdctl prints the streaming patch's word alone; it has no prefix check to apply.
+                return VllmPatches(parts.get("streaming", word), parts.get("prefix-check", "needs-patch"))
         return None
 
-    def default(self) -> str | None:
+    def default(self) -> VllmPatches | None:
         return None
 
 

@@ -28,6 +28,7 @@ from pdctl.operations import efa as efa_op
 from pdctl.operations import model, python
 from pdctl.operations.base import Context
 from pdctl.operations.dry import Preview
+from pdctl.operations.vllm import needs_prefix_check
 from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
@@ -207,14 +208,20 @@ def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, b
         shipped = done.get("pdctl.ship", have == pdctl.__version__)  # the same wheel, not only the same version
         build = ", another build" if have == pdctl.__version__ and not shipped else ""
         out.add("pdctl", shipped, f"{have or 'missing'} (CLI {pdctl.__version__}{build})", "`pdctl up` ships it")
-    if ctx.vllm and venv.version("vllm") is None:
-        out.add("kv_transfer_params streaming", False, "vllm not installed yet",
-                f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must")
-    elif ctx.vllm:
-        state = get(VllmCompat(ctx.python))
-        out.add("kv_transfer_params streaming", done.get("vllm.compat", state in ("native", "patched")),
-                state or "unknown",
-                "`pdctl up` applies pdctl's patch" if state == "needs-patch" else "pin vLLM 0.33.0 or 0.26.0")
+    if not ctx.vllm:
+        return
+    rows = [("kv_transfer_params streaming", "pin vLLM 0.33.0 or 0.26.0")]
+    if needs_prefix_check(ctx.topo):
+        rows.append(("prefix check at the prefill", "set router.verify_at: router, or pin vLLM 0.26.0"))
+    if venv.version("vllm") is None:
+        for name, _ in rows:
+            out.add(name, False, "vllm not installed yet",
+                    f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must")
+        return
+    state = get(VllmCompat(ctx.python))
+    for (name, fix), word in zip(rows, (state.streaming, state.prefix_check) if state else (None, None), strict=False):
+        good = word in ("native", "patched")
+        out.add(name, good, word or "unknown", "`pdctl up` applies pdctl's patch" if word == "needs-patch" else fix)
 
 
 def _same_versions(reports: dict[str, HostChecks], ctxs: list[Context], versions: dict[str, dict[str, str]]) -> None:

@@ -18,6 +18,10 @@
 #   h200-1gpu.sh measure SECONDS  wait for up-bpe, start one aggregated vLLM beside P and D (0.3, prefix caching),
 #                                 then scripts/gpu/tokenizer_vllm.py and scripts/critical_path.py on the running
 #                                 engines, chat and token ids; steps already done are skipped, none starts late
+#   h200-1gpu.sh prefix-check [SECONDS [ARGS...]]
+#                                 wait (up to SECONDS, default 300) for the engines up-bpe starts, then
+#                                 scripts/gpu/prefix_check_vllm.py on P and D directly: the patched prefill verifies
+#                                 pdctl's digest chain (hit, partial, miss, no spec); one PASS/FAIL line per case
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 base=/root/pdctl-gpu
@@ -140,6 +144,22 @@ open('$base/corpus.txt', 'w').write(chr(10).join(corpus()))"; }
     nvidia-smi --query-gpu=index,memory.used,clocks.sm --format=csv >> "$res/logs-tail.txt"
     tar -C "$base" -czf "$out/results.tgz" results
     cat "$res"/*.txt | grep -a -E "^\||target|tokens per word|not starting" | tail -n 80
+    ;;
+  prefix-check)
+    deadline=$((SECONDS + ${1:-300})); [ $# -gt 0 ] && shift
+    until curl -sf http://127.0.0.1:8100/health >/dev/null && curl -sf http://127.0.0.1:8200/health >/dev/null; do
+      if [ $SECONDS -ge $deadline ]; then echo "prefill/decode not healthy yet"; tail -n 25 "$base/up-bpe.log"; exit 3; fi
+      sleep 3
+    done
+    grep -a -E "vllm.compat|verify prefixes" "$base/up-bpe.log" | tail -n 5
+    "$hostpy" "$repo/scripts/gpu/prefix_check_vllm.py" --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 \
+      --engine-key-file /root/.pdctl/h200-1gpu/engine.key --json "$out/prefix-check.json" "$@" 2>&1 \
+      | tee "$out/prefix-check.txt"
+    rc=${PIPESTATUS[0]}
+    for f in /root/.pdctl/h200-1gpu/logs/*.log; do
+      echo "== $f"; grep -a -E "KV Transfer metrics|ERROR|Traceback" "$f" | tail -n 10
+    done > "$out/prefix-check-logs.txt" 2>&1
+    exit "$rc"
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

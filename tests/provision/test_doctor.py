@@ -54,6 +54,10 @@ def test_doctor_on_a_fresh_gpu_host_lists_what_is_missing(tmp_path: Path, host: 
         "name": "kv_transfer_params streaming", "status": "fail", "value": "vllm not installed yet",
         "fix": "`pdctl up` installs vllm 0.26.0 and patches it if it must",
     }
+    assert by_name["prefix check at the prefill"] == {
+        "name": "prefix check at the prefill", "status": "fail", "value": "vllm not installed yet",
+        "fix": "`pdctl up` installs vllm 0.26.0 and patches it if it must",
+    }
     assert by_name["model"]["status"] == "fail"
     assert by_name["ports"]["status"] == "ok"
 

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 import pdctl
+from pdctl import prefix_check
 from pdctl.errors import PdctlError
 from pdctl.facts.base import HostLayout, gather
 from pdctl.lifecycle.provision import HostReport, OpResult, contexts, provision, run_operation
@@ -21,7 +22,7 @@ from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.operations.steps import StepRunner
 from pdctl.plan import plan
 from pdctl.topology import Topology
-from pdctl.vllm_compat import PATCHED_MARKER
+from pdctl.vllm_compat import PATCHED_MARKER, PREFIX_MARKER
 
 from .support import HomeTransport, fake_vllm_wheel, host_root, installer_tarball, make_wheel, topology
 
@@ -105,13 +106,16 @@ def test_vllm_efa_host_is_provisioned_once(tmp_path: Path, wheelhouse: Path, whe
     site = next((root / "home/venv/lib").glob("python*/site-packages"))
     chat = site / "vllm/entrypoints/openai/chat_completion/serving.py"
     assert PATCHED_MARKER in chat.read_text()
+    nixl = site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+    assert (nixl / "pull_scheduler.py").read_text().count(PREFIX_MARKER) == 3
+    assert (nixl / "pdctl_prefix_check.py").read_bytes() == Path(prefix_check.__file__).read_bytes()
     assert (root / "opt/amazon/efa_installed_packages").read_text().startswith("# EFA installer version: 1.47.0")
     assert (root / "home/hf/hub/models--Qwen--Qwen3-32B/refs/main").exists()
 
     [second] = provision(topo, plan(topo), hosts, _console(), layouts={"a": layout}, wheel=wheel)
     assert not second.changed
     assert {r.name: r.noop for r in second.results}["vllm.compat"] == (
-        "vLLM 0.26.0 already carries pdctl's streaming patch"
+        "vLLM 0.26.0 already carries pdctl's streaming patch and prefix check"
     )
     assert (root / "fake/installer-runs").read_text().count("1") == 1
     assert (root / "fake/hf-downloads").read_text().count("1") == 1
