@@ -115,6 +115,16 @@ async def _verdict(state: RouterState, ctx: RequestContext, p: Upstream) -> tupl
     return verify(h.params, h.tokens, ids, cfg.block_size, cfg.partial_reuse), ids
 
 
+def _new_tokens(ctx: RequestContext, ids: array[int] | None, verdict: Verdict) -> int:
+    """The prompt tokens the prefill computes (placement's load): exact with ids, else what the request adds to the
+    handle's history (pdctl.router.local's bound) or, with nothing to relate it to, its size less the reuse."""
+    if ids is not None:
+        return len(ids) - verdict.tokens
+    h = ctx.taken.handle
+    added = local.added_tokens(ctx, h.history) if h is not None and verdict.outcome != "miss" else None
+    return added if added is not None else placement.prompt_tokens(ctx.body) - verdict.tokens
+
+
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """Serve one completion request; everything it started upstream is cancelled if its client leaves."""
     if await cancel_on_disconnect(receive, send, lambda out: _completion(state, ctx, receive, out)):
@@ -168,7 +178,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             return
         if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
             in_ms = (time.perf_counter() - t0) * 1000
-        work = placement.Work(p, (len(ids) if ids is not None else placement.prompt_tokens(ctx.body)) - verdict.tokens)
+        work = placement.Work(p, _new_tokens(ctx, ids, verdict))
         try:
             pre = await prefill.run(state, ctx, p, verdict, ids)
         finally:

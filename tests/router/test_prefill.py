@@ -16,6 +16,7 @@ import pytest
 
 from pdctl.router.prefill import prefill_request
 from tests.router.conftest import BLOCK, RouterProc, assert_clean, corrupt, router_process
+from tests.router.recorder import recorder
 from tests.router.talk import Conversation
 from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair
 
@@ -49,6 +50,20 @@ def test_a_warm_turn_verified_at_the_prefill_makes_no_tokenize_call(router: Rout
         assert pd.prefill.metric(TOKENIZE) == calls  # nothing asked the prefill for ids ...
         assert pd.prefill.metric(ENCODED) > encoded  # ... it tokenized the request itself, and checked the digests
     assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_the_decode_never_gets_the_digests_or_the_report(pd: SimPair, tmp_path: Path) -> None:
+    with (recorder(tmp_path, pd.decode_url) as (decode, sent),
+          recorder(tmp_path, pd.prefill_url) as (prefill, asked),
+          router_process(tmp_path, [prefill], [decode]) as r):
+        conv = Conversation(r.url, True, True, "body", uuid.uuid4().hex)
+        conv.turn(f"{uuid.uuid4().hex} tell me about the sea " + "and the sky " * 20)
+        for n in (2, 3):
+            reply = conv.turn(f"and day {n}?")
+            assert (reply.outcome, reply.reason) == ("hit", "verified"), reply.reuse
+        assert asked.read_bytes().count(b'"pdctl_prefix":{') == 2  # the prefill got the digests, twice ...
+        assert b"pdctl_" not in sent.read_bytes() and b"kv_transfer_params" in sent.read_bytes()  # ... the decode not
+        assert corrupt(pd.prefill, pd.decode) == 0
 
 
 def test_verify_at_router_tokenizes_once_and_the_prefill_computes_the_verified_ids(
