@@ -20,7 +20,7 @@ PKG = ROOT / "pdctl"
 # Modules that import no other pdctl module but leaves (`pdctl` itself: the package, for __version__).
 LEAVES = ("pdctl", "pdctl.errors", "pdctl.secret", "pdctl.kv_expiry", "pdctl.defaults", "pdctl.markers",
           "pdctl.topology.strings", "pdctl.topology.bounded_yaml", "pdctl.vllm_compat", "pdctl.engine_metrics",
-          "pdctl.examples", "pdctl.prefix_check")
+          "pdctl.examples")
 # What the router may import from the rest of pdctl: it stands apart and talks HTTP.
 ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults", "pdctl.prefix_check")
 # The router's public surface, for everything outside pdctl/router/ (serve: its entry point, `router_app`).
