@@ -11,6 +11,10 @@ headers.
 
     python scripts/critical_path.py                               # 2k, 8k, 16k, 24k; 3 conversations of 4 turns
     python scripts/critical_path.py --lengths 2000,24000 --out /tmp/cp   # also a bench report with the stage plot
+    python scripts/critical_path.py --verify-at prefill,router    # a pdctl leg per verification mode, one proxy
+
+The router verifies at the prefill by default (no /tokenize before the prefill hop); `--verify-at router` is the
+fallback for a vLLM without pdctl's prefix check (a /tokenize of the whole prompt first).
 
 Target (printed): pdctl's mean warm TTFT at every length <= the proxy's + 5 ms.
 """
@@ -137,16 +141,17 @@ def scrape(url: str) -> dict[str, float]:
         return {}
 
 
-def leg(name: str, args: argparse.Namespace, logs: Path) -> LegResult:
+def leg(name: str, args: argparse.Namespace, logs: Path, verify_at: str = "prefill") -> LegResult:
     pp, dp, fp = free_port(), free_port(), free_port()
     purl, durl, furl = (f"http://127.0.0.1:{p}" for p in (pp, dp, fp))
     running = [sim("prefill", pp, logs / f"{name}-prefill.log"), sim("decode", dp, logs / f"{name}-decode.log")]
     try:
         wait_health(purl, running[0], "prefill simulator")
         wait_health(durl, running[1], "decode simulator")
-        if name == "pdctl":
+        if name.startswith("pdctl"):
             argv = [sys.executable, "-m", "pdctl.router", "serve", "--port", str(fp), "--prefill", purl,
                     "--decode", durl, "--model", MODEL, "--decoder-kv-blocks-ttl", "120", "--log-level", "warning",
+                    "--verify-at", verify_at,
                     "--local-prefill-tokens", "0"]  # the P/D handshake on every warm turn: what this script measures
         else:
             argv = [sys.executable, __file__, "--proxy-serve", str(fp), purl, durl]
@@ -228,12 +233,12 @@ def probe_tokens_per_word(url: str, args: argparse.Namespace) -> float:
 
 def table(pd: LegResult, px: LegResult) -> tuple[list[str], bool]:
     rows = {(r.leg, r.length): r for r in stages.stage_rows([pd, px])}
-    lines = ["| length | pdctl TTFT | proxy TTFT | pdctl - proxy | target (+5 ms) | "
-             + " | ".join(f"{s} (pdctl - proxy)" for s in stages.STAGES) + " |",
+    lines = [f"| length | {pd.name} TTFT | proxy TTFT | {pd.name} - proxy | target (+5 ms) | "
+             + " | ".join(f"{s} ({pd.name} - proxy)" for s in stages.STAGES) + " |",
              "|---" * (5 + len(stages.STAGES)) + "|"]
     ok = True
     for n in sorted({r.length for r in pd.records}):
-        a, b = rows[("pdctl", n)], rows[("proxy", n)]
+        a, b = rows[(pd.name, n)], rows[(px.name, n)]
         diff = a.ttft_ms - b.ttft_ms
         ok = ok and diff <= TARGET_MS
         cells = [f"{a.stages[s]:.1f} - {b.stages[s]:.1f} = {a.stages[s] - b.stages[s]:+.1f}" for s in stages.STAGES]
@@ -246,6 +251,7 @@ def table(pd: LegResult, px: LegResult) -> tuple[list[str], bool]:
 def floor_table(legs: list[LegResult]) -> list[str]:
     """Mean and median warm TTFT of every leg, the reuse outcomes, and pdctl's ratio to the aggregated engine."""
     by = {leg.name: leg for leg in legs}
+    first = legs[0].name
     lines = ["| length | " + " | ".join(f"{n} mean / median" for n in by) + " | pdctl / aggregated (mean) | reuse "
              "(pdctl: hit/partial/miss) | reused tokens (pdctl mean) |", "|---" * (len(by) + 4) + "|"]
     for n in sorted({r.length for r in legs[0].records}):
@@ -253,9 +259,9 @@ def floor_table(legs: list[LegResult]) -> list[str]:
                 for k, v in by.items()}
         ttft = {k: [float(r.ttft_ms or 0.0) for r in v] for k, v in warm.items()}
         cells = [f"{statistics.fmean(v):.1f} / {statistics.median(v):.1f}" if v else "-" for v in ttft.values()]
-        ratio = (f"{statistics.fmean(ttft['pdctl']) / statistics.fmean(ttft['aggregated']):.2f}"
-                 if ttft.get("aggregated") and ttft.get("pdctl") else "-")
-        pd = warm.get("pdctl", [])
+        ratio = (f"{statistics.fmean(ttft[first]) / statistics.fmean(ttft['aggregated']):.2f}"
+                 if ttft.get("aggregated") and ttft.get(first) else "-")
+        pd = warm.get(first, [])
         outcomes = "/".join(str(sum(1 for r in pd if r.reuse == o)) for o in ("hit", "partial", "miss"))
         tokens = statistics.fmean(float(r.reuse_tokens or 0) for r in pd) if pd else 0.0
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} | {outcomes} | {tokens:.0f} |")
@@ -270,7 +276,9 @@ def main() -> None:
     ap.add_argument("--user-tokens", type=int, default=150)
     ap.add_argument("--output-tokens", type=int, default=16)
     ap.add_argument("--api", choices=("chat", "completions"), default="chat",
-                    help="chat: text conversations (a /tokenize per verified turn); completions: token ids (none)")
+                    help="chat: text conversations; completions: token ids (verified by the router, no tokenizer)")
+    ap.add_argument("--verify-at", type=lambda s: s.split(","), default=["prefill"],
+                    help="simulated engines: the router's --verify-at, one pdctl leg each (prefill,router: both)")
     ap.add_argument("--model", default=MODEL, help="the served model name")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--source", type=Path, help="chat: a text corpus instead of the generated words")
@@ -297,9 +305,14 @@ def main() -> None:
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"critical-path-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    legs = running_legs(args, logs) if args.router else [leg("pdctl", args, logs), leg("proxy", args, logs)]
-    pd, px = legs[0], legs[1]
-    lines, ok = table(pd, px)
+    if args.router:
+        legs = running_legs(args, logs)
+        pds, px = [legs[0]], legs[1]
+    else:
+        pds = [leg("pdctl" if at == "prefill" else f"pdctl-{at}", args, logs, at) for at in args.verify_at]
+        px = leg("proxy", args, logs)
+        legs = [*pds, px]
+    tables = [table(pd, px) for pd in pds]
     where = (f"running engines (prefill {args.prefill}, decode {args.decode}, router {args.router}"
              f"{', aggregated ' + args.aggregated if args.aggregated else ''})" if args.router
              else "simulated engines (pdctl.sim, speed 1)")
@@ -307,10 +320,11 @@ def main() -> None:
           f"{os.cpu_count()} cores; {args.api}, {args.conversations} conversations x {args.turns} turns per length, "
           f"{args.user_tokens} new user tokens and {args.output_tokens} output tokens a turn"
           f"{f', {args.tokens_per_word:.3f} tokens per corpus word' if args.api == 'chat' and args.source else ''}")
-    print("\n".join(lines))
-    print(f"\ntarget pdctl <= proxy + {TARGET_MS:g} ms at every length: {'met' if ok else 'MISSED'}")
-    if args.router:
-        print("\n" + "\n".join(floor_table(legs)))
+    for pd, (lines, ok) in zip(pds, tables, strict=True):
+        print("\n".join(lines))
+        print(f"\ntarget {pd.name} <= proxy + {TARGET_MS:g} ms at every length: {'met' if ok else 'MISSED'}\n")
+    for pd in pds:
+        print("\n".join(floor_table([pd, *(x for x in legs if all(x is not p for p in pds))])) + "\n")
     rows = stages.stage_rows(legs)
     if args.json:
         args.json.write_text(json.dumps([{"leg": r.leg, "length": r.length, "turns": r.turns, "ttft_ms": r.ttft_ms,

@@ -22,7 +22,7 @@ LEAVES = ("pdctl", "pdctl.errors", "pdctl.secret", "pdctl.kv_expiry", "pdctl.def
           "pdctl.topology.strings", "pdctl.topology.bounded_yaml", "pdctl.vllm_compat", "pdctl.engine_metrics",
           "pdctl.examples")
 # What the router may import from the rest of pdctl: it stands apart and talks HTTP.
-ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults")
+ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults", "pdctl.prefix_check")
 # The router's public surface, for everything outside pdctl/router/ (serve: its entry point, `router_app`).
 ROUTER_PUBLIC = ("pdctl.router", "pdctl.router.wire", "pdctl.router.config", "pdctl.router.serve")
 

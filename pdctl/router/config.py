@@ -55,13 +55,15 @@ class RouterConfig:
     verify_at: VerifyAt = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
         VERIFY_AT,
         "Where the prefix is verified: prefill (the prefill checks the router's digests of the held tokens against "
-        "its own tokenization before it reads; vLLM needs pdctl's patch) or router (a /tokenize of the whole "
-        "prompt before the prefill hop).",
+        "its own tokenization before it reads; vLLM needs pdctl's patch, else every warm turn is a miss, "
+        "prefill_unchecked) or router (a /tokenize of the whole prompt before the prefill hop). Token ids: "
+        "the router, either way.",
     )
     local_prefill_tokens: int = knob(
         LOCAL_PREFILL_TOKENS,
         "Conditional disaggregation: a turn whose decode already holds all but at most this many of the prompt's "
-        "tokens is computed there, without the prefill hop; 0: always disaggregate. Needs --verify-prefix.",
+        "tokens is computed there, without the prefill hop (text: new bytes bound new tokens); 0: always "
+        "disaggregate. Needs --verify-prefix.",
     )
     local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
         LOCAL_POLICY,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from pdctl.router.handles import Taken
+from pdctl.router.handles import HandleTable, Taken
 from pdctl.router.wire import NOT_ELIGIBLE
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ class RequestContext:
         """The decode holding the conversation's KV ("" when this turn took no handle)."""
         h = self.taken.handle
         return h.decode_url if h is not None else ""
+
+    def release(self, handles: HandleTable) -> None:
+        """Give back the lease on the handle this turn took (once): the conversation's next turn may take a new one."""
+        if not self.released and self.taken.handle is not None and self.conversation is not None:
+            self.released = True
+            handles.release(self.conversation)
 
     def translated(self, body: dict[str, Any]) -> RequestContext:
         """The chat completion an agent-API request is served as: the chat route, its translated body."""

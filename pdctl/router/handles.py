@@ -28,6 +28,15 @@ from pdctl.router.wire import HANDLE_IN_USE as IN_USE
 Stale = Callable[["Handle"], bool]
 
 
+@dataclass(frozen=True)
+class History:
+    """A turn's prompt and reply as the next request repeats them: `size` messages (chat) or characters (a text
+    prompt), and their salted in-process hash."""
+
+    size: int
+    key: int
+
+
 @dataclass
 class Handle:
     conversation: str
@@ -41,6 +50,11 @@ class Handle:
     # cache holds them, unpinned); None until a turn ran on the decode alone.
     cached: array[int] | None = field(default=None, compare=False)
     generation: int = field(default=0, compare=False)
+    # The digest chain of `tokens` a prefill checks before it reads (pdctl.prefix_check.spec; verify_at prefill),
+    # made when the handle is stored so that no turn computes it on its way to the prefill.
+    spec: dict[str, Any] | None = field(default=None, compare=False)
+    # What the decode last ran for the conversation, as the next request must extend it (pdctl.router.local).
+    history: History | None = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -1,7 +1,11 @@
-"""The prefill hop: tokenize for verification, then the non-streaming `max_tokens=1` call, retried as a miss.
+"""The prefill hop: the non-streaming `max_tokens=1` call, retried as a miss, and where it verifies the prefix.
 
-A verified turn's prefill gets the ids it was verified against as a token-id completion, so the tokenization the
-verification needs replaces the one the prefill would do, rather than adding to it.
+With `verify_at: prefill` (the default) the prefill gets the client's request as it is, with the handle's params
+at `remote_num_tokens` 0 and the digests of the held tokens; it checks them against its own tokenization and
+reports what it read (`verify.settle`). A prefill that reports nothing does not run pdctl's check: it read
+nothing, the turn is a miss (`prefill_unchecked`), and the log says so once per instance.
+With `verify_at: router` the router verifies first (`tokenize`), and the prefill gets the ids it was verified
+against as a token-id completion, so that tokenization replaces the one the prefill would do.
 
 A failed or expired KV read must never reach the client: a prefill that fails while holding a decode handle is
 retried once as a miss (on another healthy prefill when there is one). A miss that cannot reach its prefill
@@ -25,7 +29,7 @@ from pdctl.router.context import RequestContext
 from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
-from pdctl.router.verify import Verdict, as_tokens, miss
+from pdctl.router.verify import Verdict, as_tokens, miss, settle
 
 log = logging.getLogger("pdctl.router")
 
@@ -133,6 +137,7 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
             params = _params(resp.content)
             if params is None:
                 state.metrics.error("prefill", "no_kv_transfer_params")
+            verdict = _settled(state, p, verdict, params)
             return done(params=params, up=p)
         kind = resp if isinstance(resp, str) else f"http_{resp.status_code}"
         state.metrics.error("prefill", kind)
@@ -154,6 +159,19 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
             break
         p = nxt
     return done(502, error_body(502, "no prefill instance could serve the request"))
+
+
+def _settled(state: RouterState, p: Upstream, verdict: Verdict, params: dict[str, Any] | None) -> Verdict:
+    settled = settle(verdict, params)
+    if settled is not None:
+        return settled
+    if p.url not in state.unchecked:
+        state.unchecked.add(p.url)
+        log.warning("prefill %s does not run pdctl's prefix check (its answer has no readable pdctl_reuse "
+                    "report): it reads nothing from the decodes, every warm turn through it is a miss (%s); "
+                    "re-provision it with pdctl (`pdctl up` patches vLLM) or set `router.verify_at: router`",
+                    p.url, wire.PREFILL_UNCHECKED)
+    return miss(wire.PREFILL_UNCHECKED)
 
 
 def _params(content: bytes) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""One completion request, start to end: conversation -> handle -> verification -> prefill -> decode -> handle.
+"""One completion request, start to end: conversation -> handle -> local or verification -> prefill -> decode ->
+handle.
 
 Used for `/v1/chat/completions` and `/v1/completions` alike (the context's `chat` says which), and for the agent
 APIs translated into chat. Its per-request data is on its RequestContext (context.py). The whole request is cancelled
@@ -12,22 +13,22 @@ import logging
 import os
 import time
 from array import array
-from dataclasses import replace
 from typing import Any
 
 from starlette.types import Receive, Send
 
-from pdctl.router import decode, placement, prefill, wire
+from pdctl import prefix_check
+from pdctl.router import decode, local, placement, prefill, wire
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.context import NOT_TAKEN, RequestContext
 from pdctl.router.conversation import Derivation, explicit_id, new_id
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.handles import Handle, Taken
+from pdctl.router.handles import Handle
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
-from pdctl.router.verify import Verdict, as_tokens, hit_params, matching_blocks, miss, verify
+from pdctl.router.verify import Verdict, as_tokens, at_prefill, hit_params, miss, verify
 
 log = logging.getLogger("pdctl.router")
 
@@ -93,50 +94,35 @@ def conversation(state: RouterState, ctx: RequestContext) -> tuple[str | None, D
     return d.cid or new_id(), d
 
 
-async def _prompt_ids(state: RouterState, ctx: RequestContext, p: Upstream) -> array[int] | None:
-    """The prompt's token ids: as sent for a token-id completion, else from the prefill's /tokenize."""
-    prompt = ctx.body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    ids = as_tokens(prompt) if not ctx.chat and isinstance(prompt, list) else None
-    return ids if ids is not None else await prefill.tokenize(state, ctx, p)
+async def _verdict(state: RouterState, ctx: RequestContext, p: Upstream) -> tuple[Verdict, array[int] | None]:
+    """What the turn does with its handle, and the prompt's ids when the router has them (it then verified).
 
-
-def _verdict(state: RouterState, taken: Taken, ids: array[int] | None) -> Verdict:
-    h = taken.handle
+    verify_at prefill: the prefill verifies (text and chat: nothing on the way there); token-id prompts are
+    compared here, which costs no tokenizer. verify_at router: the prefill's /tokenize, then the comparison."""
+    h = ctx.taken.handle
     if h is None:
-        return miss(taken.reason)
-    if not state.config.verify_prefix:
-        return Verdict("hit", wire.UNVERIFIED, h.num_tokens, hit_params(h.params))
-    if ids is None:
-        return miss(wire.TOKENIZE_FAILED)
-    return verify(h.params, h.tokens, ids, state.config.block_size, state.config.partial_reuse)
-
-
-def local_decode(state: RouterState, h: Handle | None, ids: array[int] | None,
-                 prefill: Upstream | None = None) -> tuple[Upstream, int] | None:
-    """Conditional disaggregation: the decode holding the conversation, and how many of the prompt's tokens its
-    prefix cache holds, when it lacks at most `local_prefill_tokens` of them and the placement policy (given the
-    decode's and `prefill`'s requests in flight) runs it there; else None (disaggregate)."""
-    limit = state.config.local_prefill_tokens
-    if limit <= 0 or h is None or ids is None:
-        return None
-    if state.handles.clock() - h.received > state.config.handle_lifetime / 2:
-        return None  # disaggregate this turn: it pins a fresh handle before this one expires (else: a full miss)
-    known = h.cached if h.cached is not None else h.tokens
-    holder = next((u for u in state.decode.healthy() if u.url == h.decode_url), None)
-    if known is None or holder is None:
-        return None
-    bs = state.config.block_size
-    cached = matching_blocks(known, ids, bs) * bs  # vLLM's prefix cache holds whole blocks
-    if cached == 0:
-        return None
+        return miss(ctx.taken.reason), None
     cfg = state.config
-    prefill_load = placement.load_of(prefill) if prefill is not None else None
-    if not placement.run_locally(cfg.local_policy, len(ids) - cached, limit, placement.load_of(holder),
-                                 prefill_load, cfg.local_busy_streams):
-        return None
-    return holder, cached
+    if not cfg.verify_prefix:
+        return Verdict("hit", wire.UNVERIFIED, h.num_tokens, hit_params(h.params)), None
+    ids = local.token_ids(ctx)
+    if ids is None and cfg.verify_at == "prefill":
+        return at_prefill(h.params, h.spec), None
+    if ids is None:
+        ids = await prefill.tokenize(state, ctx, p)
+    if ids is None:
+        return miss(wire.TOKENIZE_FAILED), None
+    return verify(h.params, h.tokens, ids, cfg.block_size, cfg.partial_reuse), ids
+
+
+def _new_tokens(ctx: RequestContext, ids: array[int] | None, verdict: Verdict) -> int:
+    """The prompt tokens the prefill computes (placement's load): exact with ids, else what the request adds to the
+    handle's history (pdctl.router.local's bound) or, with nothing to relate it to, its size less the reuse."""
+    if ids is not None:
+        return len(ids) - verdict.tokens
+    h = ctx.taken.handle
+    added = local.added_tokens(ctx, h.history) if h is not None and verdict.outcome != "miss" else None
+    return added if added is not None else placement.prompt_tokens(ctx.body) - verdict.tokens
 
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -173,14 +159,7 @@ async def _completion(state: RouterState, ctx: RequestContext, receive: Receive,
         await _turn(state, ctx, receive, send)
     finally:
         state.decode_gate.release()
-        _release(state, ctx)
-
-
-def _release(state: RouterState, ctx: RequestContext) -> None:
-    """Give back the lease on the handle this turn took: the conversation's next turn may take a new one."""
-    if not ctx.released and ctx.taken.handle is not None and ctx.conversation is not None:
-        ctx.released = True
-        state.handles.release(ctx.conversation)
+        ctx.release(state.handles)
 
 
 async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -189,19 +168,17 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
     if p is None:
         await send_error(send, 503, _unavailable(state.prefill))
         return
-    need_ids = taken.handle is not None and state.config.verify_prefix
-    ids = await _prompt_ids(state, ctx, p) if need_ids else None
-    local = local_decode(state, taken.handle, ids, p)
-    if local is not None and ids is not None and await _local_turn(state, ctx, receive, send, local, len(ids)):
+    here = local.decide(state, ctx, taken.handle, p)
+    if here is not None and await local.run(state, ctx, receive, send, here):
         return
-    verdict = _verdict(state, taken, ids)
+    verdict, ids = await _verdict(state, ctx, p)
     t0, in_ms = ctx.t0, 0.0
     for attempt in range(2):
         if not await admit(state.prefill_gate, send):
             return
         if attempt == 0:  # the router-in stage: body, conversation, verification, a prefill slot
             in_ms = (time.perf_counter() - t0) * 1000
-        work = placement.Work(p, (len(ids) if ids is not None else placement.prompt_tokens(ctx.body)) - verdict.tokens)
+        work = placement.Work(p, _new_tokens(ctx, ids, verdict))
         try:
             pre = await prefill.run(state, ctx, p, verdict, ids)
         finally:
@@ -236,49 +213,13 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
             await send_error(send, 503, _unavailable(state.prefill), headers)
             return
         p = nxt
-        verdict = miss(wire.PREFILL_REDONE) if verdict.outcome != "miss" else verdict
-
-
-async def _local_turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
-                      local: tuple[Upstream, int], prompt_len: int) -> bool:
-    """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
-
-    The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
-    compute the rest. False when the decode failed before its first byte: the caller then disaggregates.
-    """
-    taken, rid, derivation = ctx.taken, ctx.rid, ctx.derivation
-    d, cached = local
-    h = taken.handle
-    assert h is not None
-    reuse = wire.Reuse("hit", cached, wire.DECODE_LOCAL)
-    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
-
-    def keep(capture: Capture, _: Upstream) -> None:
-        """The pinned handle goes back for the next turn, with what the decode now caches beyond it."""
-        computed = capture.computed_tokens()
-        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
-        state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached))
-        _release(state, ctx)
-
-    work = placement.Work(d, prompt_len - cached)  # its prompt is a chunk in the decode's batch until the first token
-    try:
-        res = await decode.run(state, ctx, receive, placement.done_at_first_body(work, send), None, headers, keep,
-                               only=d)
-    finally:
-        work.done()
-    if not res.sent:
-        log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
-        return False
-    state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, cached, True)
-    state.metrics.local_turn()
-    log.info("[%s] Ran on the decode alone (kv %s)", rid, reuse.header)
-    return True
+        verdict = miss(wire.PREFILL_REDONE) if v.outcome != "miss" else v
 
 
 def _keep(state: RouterState, ctx: RequestContext, capture: Capture, d: Upstream) -> None:
     """Store the decode's new handle for the conversation's next turn, tied to the decode's incarnation, and give
     back the one the turn took: run before the client can see the turn's end (decode.run's `done`)."""
-    _release(state, ctx)
+    ctx.release(state.handles)
     cid = ctx.conversation
     if cid is None:
         return
@@ -288,6 +229,11 @@ def _keep(state: RouterState, ctx: RequestContext, capture: Capture, d: Upstream
     state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     derivation = ctx.derivation
     key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
-    now = state.handles.clock()
-    state.handles.put(Handle(cid, capture.params, d.url, as_tokens(capture.held_tokens()), now,
-                             now + state.config.handle_lifetime, key, generation=d.generation))
+    now, cfg = state.handles.clock(), state.config
+    held = as_tokens(capture.held_tokens())
+    n = capture.params.get("remote_num_tokens")
+    spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse)
+            if cfg.verify_prefix and cfg.verify_at == "prefill" and held is not None and isinstance(n, int) and n > 0
+            else None)
+    state.handles.put(Handle(cid, capture.params, d.url, held, now, now + cfg.handle_lifetime, key,
+                             generation=d.generation, spec=spec, history=local.history(ctx, capture)))

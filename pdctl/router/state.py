@@ -30,6 +30,7 @@ class RouterState:
     prefill_gate: Gate
     decode_gate: Gate
     client: httpx.AsyncClient | None = field(default=None)
+    unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
 
     @classmethod
     def create(cls, config: RouterConfig) -> RouterState:

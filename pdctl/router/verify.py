@@ -5,6 +5,10 @@ the decode's blocks whatever the new prompt is. The router keeps the token ids e
     full match and a strictly longer prompt  -> hit, the handle as it is
     divergence after >= 1 whole block         -> partial: block ids and remote_num_tokens truncated together
     anything else                             -> miss (the prefill computes everything)
+
+With `verify_at: prefill` the same rules run at the prefill (pdctl.prefix_check), which tokenizes the prompt
+anyway: the router sends the handle with `remote_num_tokens` 0 and the digest chain of the held tokens, and the
+verdict is what the prefill reports it verified (`at_prefill`, `settle`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pdctl.router.wire import PREFIX_DIVERGED, PROMPT_NOT_LONGER, TOKENS_UNKNOWN, VERIFIED, Outcome, Reuse
+from pdctl import prefix_check
+from pdctl.router.wire import (
+    PREFIX_DIVERGED,
+    PROMPT_NOT_LONGER,
+    REASONS,
+    TOKENS_UNKNOWN,
+    VERIFIED,
+    Outcome,
+    Reuse,
+)
 
 MISS_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -36,6 +49,8 @@ class Verdict:
     reason: str
     tokens: int
     params: dict[str, Any]
+    # The prefill verifies: until its answer is read (`settle`), outcome and tokens are what a hit would be.
+    pending: bool = False
 
     @property
     def reuse(self) -> Reuse:
@@ -113,3 +128,40 @@ def verify(
     if blocks == 0 or not partial_ok:
         return miss(PREFIX_DIVERGED)
     return Verdict("partial", PREFIX_DIVERGED, blocks * block_size, truncate(params, blocks, block_size))
+
+
+def at_prefill(params: dict[str, Any], spec: dict[str, Any] | None) -> Verdict:
+    """The handle as a prefill that runs pdctl's prefix check gets it: nothing to read until it has verified."""
+    n = params.get("remote_num_tokens")
+    if spec is None or not isinstance(n, int) or n <= 0:
+        return miss(TOKENS_UNKNOWN)
+    out = hit_params(params)
+    out["remote_num_tokens"] = 0
+    out[prefix_check.FIELD] = spec
+    return Verdict("hit", VERIFIED, n, out, pending=True)
+
+
+_OUTCOMES: dict[object, Outcome] = {"hit": "hit", "partial": "partial", "miss": "miss"}
+
+
+def settle(v: Verdict, answer: dict[str, Any] | None) -> Verdict | None:
+    """The verdict once the prefill answered; the prefix fields are taken out of `answer` (never for the decode).
+
+    None: `v` was pending and the answer has no readable report (the prefill does not run the check, so it read
+    nothing: remote_num_tokens was 0)."""
+    report = answer.pop(prefix_check.REPORT, None) if answer is not None else None
+    if answer is not None:
+        answer.pop(prefix_check.FIELD, None)
+    if not v.pending:
+        return v
+    if not isinstance(report, dict):
+        return None
+    outcome, tokens, reason = _OUTCOMES.get(report.get("outcome")), report.get("tokens"), report.get("reason")
+    if outcome is None or not isinstance(tokens, int) or isinstance(tokens, bool) or reason not in REASONS:
+        return None
+    if not 0 <= tokens <= v.tokens or (outcome == "miss") != (tokens == 0):
+        return None
+    if outcome == "hit" and tokens != v.tokens:
+        return None
+    assert isinstance(reason, str)
+    return miss(reason) if outcome == "miss" else Verdict(outcome, reason, tokens, v.params)

@@ -2,7 +2,9 @@
 
     X-PD-KV-Reuse: <outcome>;tokens=<N>;reason=<reason>     what the router did with the decode's KV this turn
         outcome  hit | partial | miss
-        tokens   prompt tokens not recomputed (read from a decode, or found in its own cache on a local turn)
+        tokens   prompt tokens not recomputed: read from a decode (a hit or partial through the prefill, as the
+                 prefill verified them), or, on a local turn (reason decode_local), the conversation's tokens the
+                 decode's prefix cache holds, whole blocks: what it reuses of them is its own match, never more
         reason   one of REASONS (why a hit, why a miss)
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
     X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
@@ -43,13 +45,15 @@ EVICTED = "evicted"  # the handle table was full
 PREVIOUS_TURN_FAILED = "previous_turn_failed"  # the turn that took the handle did not leave a new one
 NO_HANDLE_RETURNED = "no_handle_returned"  # the decode's answer carried no kv_transfer_params
 TOKENIZE_FAILED = "tokenize_failed"  # the router could not tokenize the prompt to verify it
+PREFILL_UNCHECKED = "prefill_unchecked"  # miss: the prefill does not run pdctl's prefix check, so it read nothing
+PREFIX_SPEC_INVALID = "prefix_spec_invalid"  # miss: the prefill could not read the router's digests of the handle
 PREFILL_FAILED = "prefill_failed"  # the prefill failed reading the handle; it was retried as a miss
 PREFILL_REDONE = "prefill_redone"  # the decode could not use the prefill's KV; the prefill ran again
 N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
 REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
     NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
-    TOKENIZE_FAILED, PREFILL_FAILED, PREFILL_REDONE, N_GT_1,
+    TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1,
 })
 
 

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from tests.router.conftest import RouterProc, assert_clean, corrupt
+from pdctl.prefix_check import chunk_tokens
+from tests.router.conftest import BLOCK, RouterProc, assert_clean, corrupt
 from tests.router.talk import Conversation
 from tests.support.sim_procs import SimPair
 
@@ -35,16 +36,16 @@ def test_turns_after_the_first_reuse_the_decode_kv(router: RouterProc, pd: SimPa
 
 def test_an_edited_history_is_never_reused_wrongly(router: RouterProc, pd: SimPair) -> None:
     conv = Conversation(router.url, True, True, "body", uuid.uuid4().hex)
-    conv.turn("a long first question " + "about many things " * 12)
+    conv.turn("a long first question " + "about many things " * 100)  # ~300 tokens: one chunk of the check's
     conv.turn("a second question")
-    conv.messages[0]["content"] = "an edited first question " + "about many things " * 12  # the client rewrote it
+    conv.messages[0]["content"] = "an edited first question " + "about many things " * 100  # the client rewrote it
     reply = conv.turn("a third question")
     assert reply.status == 200 and reply.text
     assert (reply.outcome, reply.reason) == ("miss", "prefix_diverged")
-    conv.messages[-2]["content"] = "a 3rd question"  # an edit late in the history: the blocks before it verify
+    conv.messages[-2]["content"] = "a 3rd question"  # an edit late in the history: the chunks before it verify
     reply = conv.turn("a fourth question")
     assert reply.status == 200
-    assert (reply.outcome, reply.reason) == ("partial", "prefix_diverged"), reply.reuse
+    assert reply.reuse == f"partial;tokens={chunk_tokens(BLOCK)};reason=prefix_diverged"
     assert corrupt(pd.prefill, pd.decode) == 0
 
 

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from array import array
 
-from pdctl.router.verify import as_tokens, matching_blocks, truncate, verify
+from pdctl import prefix_check
+from pdctl.router import wire
+from pdctl.router.verify import as_tokens, at_prefill, matching_blocks, settle, truncate, verify
 
 BS = 4
 
@@ -72,3 +74,42 @@ def test_matching_blocks_counts_leading_equal_blocks() -> None:
 def test_as_tokens_rejects_what_is_not_token_ids() -> None:
     assert as_tokens([1, 2]) == array("i", [1, 2])
     assert as_tokens(["a"]) is None and as_tokens([2**40]) is None and as_tokens("x") is None
+
+
+def test_at_prefill_the_handle_reads_nothing_until_the_prefill_verified_it() -> None:
+    spec = prefix_check.spec(list(range(10)), 10, BS)
+    v = at_prefill(params(10, 3), spec)
+    assert v.pending and (v.outcome, v.tokens) == ("hit", 10)
+    assert v.params == {**params(10, 3), "remote_num_tokens": 0, prefix_check.FIELD: spec}
+    assert at_prefill(params(10, 3), None).header == "miss;tokens=0;reason=tokens_unknown"  # no ids, no digests
+
+
+def test_the_verdict_is_the_prefills_report_and_the_decode_never_gets_it() -> None:
+    pending = at_prefill(params(10, 3), prefix_check.spec(list(range(10)), 10, BS))
+    report = {"outcome": "partial", "tokens": 8, "reason": "prefix_diverged"}
+    answer = {"remote_engine_id": "p", prefix_check.REPORT: report, prefix_check.FIELD: {"v": 1}}
+    v = settle(pending, answer)
+    assert v is not None and v.header == "partial;tokens=8;reason=prefix_diverged" and not v.pending
+    assert answer == {"remote_engine_id": "p"}  # what goes on to the decode
+    miss_report = {"outcome": "miss", "tokens": 0, "reason": "prompt_not_longer"}
+    v = settle(pending, {prefix_check.REPORT: miss_report})
+    assert v is not None and v.header == "miss;tokens=0;reason=prompt_not_longer"
+    assert v.params["remote_block_ids"] is None
+
+
+def test_no_report_or_an_unreadable_one_settles_nothing() -> None:
+    pending = at_prefill(params(10, 3), prefix_check.spec(list(range(10)), 10, BS))
+    for report in (None, "hit", {"outcome": "hit", "tokens": 12, "reason": "verified"},  # more than it holds
+                   {"outcome": "hit", "tokens": 8, "reason": "verified"}, {"outcome": "miss", "tokens": 4,
+                   "reason": "prefix_diverged"}, {"outcome": "hit", "tokens": 10, "reason": "because"},
+                   {"outcome": "hit", "tokens": True, "reason": "verified"}):
+        assert settle(pending, {prefix_check.REPORT: report} if report is not None else {}) is None, report
+    assert settle(pending, None) is None
+    done = verify(params(10, 3), array("i", range(10)), array("i", range(14)), BS)  # verified by the router
+    assert settle(done, {prefix_check.REPORT: {"outcome": "miss"}}) is done
+
+
+def test_the_prefills_reasons_are_the_routers() -> None:
+    for reason in (prefix_check.VERIFIED, prefix_check.PREFIX_DIVERGED, prefix_check.PROMPT_NOT_LONGER,
+                   prefix_check.SPEC_INVALID):
+        assert reason in wire.REASONS
