@@ -15,9 +15,10 @@
 #                                 (a random model's replies do not re-tokenize to the same BPE ids: turn 2 is partial);
 #                                 decoder_kv_blocks_ttl 40 s: at 0.3 of the GPU the decode holds ~150k tokens, and with
 #                                 480 s the finished conversations' held blocks filled it and a new turn waited ~7 min
-#   h200-1gpu.sh measure SECONDS  wait for up-bpe, start one aggregated vLLM beside P and D (0.3, prefix caching),
-#                                 then scripts/gpu/tokenizer_vllm.py and scripts/critical_path.py on the running
-#                                 engines, chat and token ids; steps already done are skipped, none starts late
+#   h200-1gpu.sh measure SECONDS  wait for up-bpe, run scripts/gpu/prefix_check_vllm.py on P and D, start one
+#                                 aggregated vLLM beside them (0.3, prefix caching), then (TOKENIZER=1:
+#                                 scripts/gpu/tokenizer_vllm.py and) scripts/critical_path.py on the running engines,
+#                                 chat and token ids; steps already done are skipped, none starts late
 #   h200-1gpu.sh prefix-check [SECONDS [ARGS...]]
 #                                 wait (up to SECONDS, default 300) for the engines up-bpe starts, then
 #                                 scripts/gpu/prefix_check_vllm.py on P and D directly: the patched prefill verifies
@@ -126,10 +127,14 @@ open('$base/corpus.txt', 'w').write(chr(10).join(corpus()))"; }
       tail -n 25 "$base/up-bpe.log"; curl -sf http://127.0.0.1:8000/health
     }
     step up 5 wait_up || exit 3
+    step prefix-check 60 "$hostpy" "$repo/scripts/gpu/prefix_check_vllm.py" --prefill http://127.0.0.1:8100 \
+      --decode http://127.0.0.1:8200 --engine-key-file /root/.pdctl/h200-1gpu/engine.key --json "$res/prefix-check.json"
     step agg 60 agg || exit 3
     step corpus 5 corpus
-    step tokenizer 60 "$hostpy" "$repo/scripts/gpu/tokenizer_vllm.py" --url http://127.0.0.1:8300 --model-dir "$bpe" \
-      --reps 20 --json "$res/tokenizer.json"
+    if [ -n "${TOKENIZER:-}" ]; then  # measured once (docs/results/h200-1gpu/tokenizer); TOKENIZER=1 repeats it
+      step tokenizer 60 "$hostpy" "$repo/scripts/gpu/tokenizer_vllm.py" --url http://127.0.0.1:8300 --model-dir "$bpe" \
+        --reps 20 --json "$res/tokenizer.json"
+    fi
     step cp-completions 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api completions \
       --json "$res/cp-completions.json" --out "$res/cp-completions"
     step cp-chat 150 "$hostpy" "$repo/scripts/critical_path.py" "${cp_args[@]}" --api chat --tokens-per-word 0 \
