@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.support.late_end import late_end
+from tests.support.relay import late_end
 from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair, stop_group, wait_for_health
 
 SPEED = 1000
@@ -111,7 +111,7 @@ def agent_router(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="session")
 def late(pd: SimPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterProc]:
-    """A router whose decode's streams close 150 ms after their `[DONE]` (tests.support.late_end), as a busy
+    """A router whose decode's streams close 150 ms after their `[DONE]` (tests.support.relay), as a busy
     engine's may: a client that sends its next turn at `[DONE]` is there well before that."""
     logs = tmp_path_factory.mktemp("late")
     with late_end(logs, pd.decode_url, 150) as decode, router_process(logs, [pd.prefill_url], [decode]) as r:

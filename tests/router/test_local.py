@@ -20,7 +20,7 @@ from pdctl.sim.tokenizer import encode, render_chat
 from tests.router.conftest import RouterProc, assert_clean, corrupt, router_process
 from tests.router.instant import Instant, reuse_header, sse_data
 from tests.router.talk import Conversation, Reply
-from tests.support.late_end import late_end
+from tests.support.relay import late_end
 from tests.support.sim_procs import SERVED, SimPair, sim_process
 
 LIMIT = 64

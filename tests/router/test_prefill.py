@@ -16,8 +16,8 @@ import pytest
 
 from pdctl.router.prefill import prefill_request
 from tests.router.conftest import BLOCK, RouterProc, assert_clean, corrupt, router_process
-from tests.router.recorder import recorder
 from tests.router.talk import Conversation
+from tests.support.relay import recorder
 from tests.support.sim_procs import SERVED, SimPair, SimProc, sim_pair
 
 TOKENIZE = "pdctl_sim_tokenize_requests_total"
