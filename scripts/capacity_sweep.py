@@ -40,8 +40,7 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
     n = int(shape[0])
     data["name"] = f"capacity-{shape}"
-    data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port(),
-                        "prefix_caching": False} for _ in range(n)]
+    data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["router"] = {**data["router"], "port": free_port()}
     data["model"] = {**data["model"], "block_size": 256, "max_num_seqs": max_num_seqs}
@@ -62,6 +61,7 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             "router.local_policy=work",
             "agg:mode=aggregated"]
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
+    legs = [leg if leg.startswith("agg:") else ",".join([leg, *args.set]) for leg in legs]
     cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
            "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
@@ -95,6 +95,8 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
     p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)

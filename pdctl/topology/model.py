@@ -124,6 +124,10 @@ class Model(Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype.")
     max_model_len: int = Field(32768, gt=0, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, gt=0, description="Most requests an engine runs at once.")
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0, description="Tokens one engine step computes at most (the chunked-prefill budget); default: "
+        "the engine's (vLLM: 8192 on a GPU with >= 70 GiB)."
+    )
     block_size: int | None = Field(
         None,
         gt=0,
@@ -146,6 +150,7 @@ class ModelOverride(Strict):
     id: ModelId | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     block_size: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
 
 
 class Connector(Strict):

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.plan import plan
+from pdctl.sim.config import parse_args
 from pdctl.topology import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +149,20 @@ def test_conversation_headers_reach_the_router_in_order() -> None:
                         SELF_PYTHON)
     given = [router.argv[i + 1] for i, a in enumerate(router.argv) if a == "--conversation-header"]
     assert given == ["X-Thread", "X-Session-ID"]
+
+
+def _budget_arg(argv: tuple[str, ...]) -> str | None:
+    return argv[argv.index("--max-num-batched-tokens") + 1] if "--max-num-batched-tokens" in argv else None
+
+
+def test_the_token_budget_is_the_engines_unless_set_and_an_instance_may_set_its_own() -> None:
+    assert [_budget_arg(s.argv) for s in plan(load(ROOT / "configs/h200x2-local.yaml"), SELF_PYTHON)] == \
+        [None, None, None]
+    shared = plan(load(ROOT / "configs/h200x2-local.yaml", ["model.max_num_batched_tokens=4096"]), SELF_PYTHON)
+    assert [_budget_arg(s.argv) for s in shared] == ["4096", "4096", None]
+    prefill_only = ["prefill[0].model.max_num_batched_tokens=2048"]
+    for config in ("h200x2-local", "local-sim"):  # vLLM and the simulator take the same flag
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml", prefill_only), SELF_PYTHON)
+        assert (_budget_arg(decode.argv), _budget_arg(prefill.argv)) == (None, "2048")
+    cfg = parse_args(list(prefill.argv[3:]), env=prefill.env)
+    assert cfg.max_num_batched_tokens == 2048 and cfg.ignored_args == ()
