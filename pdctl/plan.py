@@ -191,7 +191,7 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
     if model.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(model.max_num_batched_tokens)]
-    if not topo.prefix_caching_for(role, inst):
+    if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
     argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
     if topo.mode != "aggregated":
@@ -219,7 +219,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     if model.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(model.max_num_batched_tokens)]
     argv += ["--block-size", str(topo.block_size_for(inst)), "--num-gpu-blocks", str(topo.sim.num_blocks)]
-    if not topo.prefix_caching_for(role, inst):
+    if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
     if topo.mode != "aggregated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdctl.bench import capacity
+from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,12 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
     data["name"] = f"capacity-{shape}"
     data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
-    data["router"] = {**data["router"], "port": free_port()}
+    # A finished turn's blocks stay pinned on its decode for decoder_kv_blocks_ttl seconds of wall time, which
+    # sim.speed compresses modelled time into: keep the pin 480 s of modelled time, as on the GPUs.
+    ttl = max(math.ceil(VLLM_DECODER_KV_BLOCKS_TTL_S / speed), 2)
+    data["connector"] = {**data["connector"], "decoder_kv_blocks_ttl": ttl}
+    handle_ttl = ttl * HANDLE_TTL_S / VLLM_DECODER_KV_BLOCKS_TTL_S
+    data["router"] = {**data["router"], "port": free_port(), "handle_ttl": handle_ttl}
     data["model"] = {**data["model"], "block_size": 256, "max_num_seqs": max_num_seqs}
     data["sim"] = {"speed": speed, "num_blocks": 2500, "args": ["--step-model", "h200-graphs"]}
     data["work_dir"] = str(work / "work")

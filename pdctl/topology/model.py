@@ -184,7 +184,9 @@ class Instance(Strict):
     port: int = Field(ge=1, le=65535, description="HTTP port of the OpenAI-compatible server.")
     side_channel_port: int = Field(5600, ge=1, le=65535, description="NIXL side-channel base port.")
     data_parallel_size: int = Field(1, ge=1, description="Engines behind this server; side channel base+rank.")
-    prefix_caching: bool | None = Field(None, description="Prefix caching; default: off on prefill, on decode.")
+    prefix_caching: bool | None = Field(
+        None, description="Prefix caching (false: --no-enable-prefix-caching); default: on, on both roles."
+    )
     model: ModelOverride | None = Field(None, description="Model settings that differ for this instance.")
     connector: ConnectorOverride | None = Field(None, description="Connector settings for this instance.")
 
@@ -388,10 +390,12 @@ class Topology(Strict):
     def _ucx_vllm(self) -> bool:
         return self.engine == "vllm" and self.connector.backend == "UCX"
 
-    def prefix_caching_for(self, role: Role, inst: Instance) -> bool:
+    def prefix_caching_for(self, inst: Instance) -> bool:
+        """On unless the instance turns it off. On a prefill it computes only a cold turn's task tokens behind the
+        shared system prompt, and reads back only the blocks it lacks (docs/results/sim-capacity, run E)."""
         if self.mode == "aggregated":
             return True
-        return inst.prefix_caching if inst.prefix_caching is not None else role == "decode"
+        return inst.prefix_caching is not False
 
     def shared_gpus(self) -> dict[tuple[str, int], list[str]]:
         """(node, GPU id) -> the instances that run on it, for GPUs given to more than one running instance."""

@@ -166,3 +166,14 @@ def test_the_token_budget_is_the_engines_unless_set_and_an_instance_may_set_its_
         assert (_budget_arg(decode.argv), _budget_arg(prefill.argv)) == (None, "2048")
     cfg = parse_args(list(prefill.argv[3:]), env=prefill.env)
     assert cfg.max_num_batched_tokens == 2048 and cfg.ignored_args == ()
+
+
+def test_prefix_caching_is_on_by_default_and_an_instance_may_turn_it_off() -> None:
+    for config in ("h200x2-local", "local-sim"):
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml"), SELF_PYTHON)
+        assert "--no-enable-prefix-caching" not in decode.argv + prefill.argv
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml", ["prefill[0].prefix_caching=false"]),
+                                  SELF_PYTHON)
+        assert "--no-enable-prefix-caching" in prefill.argv and "--no-enable-prefix-caching" not in decode.argv
+    off = plan(load(ROOT / "configs/local-sim.yaml", ["prefill[0].prefix_caching=false"]), SELF_PYTHON)[1]
+    assert not parse_args(list(off.argv[3:]), env=off.env).prefix_caching
