@@ -3,16 +3,18 @@
 
 Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation: warm turns of at most
 --local-tokens new tokens run on the decode alone), on-load (the same with router.local_policy=load: on the
-decode only while it has fewer than --busy-streams requests in flight, or the prefill is busy too), on-work (the
+decode only while it has fewer than --busy-streams requests in flight, or the prefill has as many), on-work (the
 same with router.local_policy=work: on the decode while its in-flight prompt tokens are at most the prefill's plus
 the hop's cost), agg (one
 aggregated engine with prefix caching: one GPU, so its capacity per GPU is compared as well). Writes each
 topology's `pdctl bench` output under --out and prints the largest number of sessions within the SLO per leg.
-The machine's cores are shared: numbers are noisy.
+The prefill's prefix caching is the topology's default (on); `--set 'prefill[*].prefix_caching=false'` gives run D's
+setting. The machine's cores are shared: numbers are noisy.
 
     python scripts/capacity_sweep.py                                   # about 10 minutes
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
+    python scripts/capacity_sweep.py --topologies 1p1d --legs on,agg --sessions 32,48 --fresh --out /tmp/cap
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
     path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
     legs = ["off:connector.bidirectional_kv_xfer=false,router.local_prefill_tokens=0",
             "on:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0",
-            f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
+            f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
+            "router.local_policy=always",
             f"on-load:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
             f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
@@ -69,20 +72,30 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             "agg:mode=aggregated"]
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     legs = [leg if leg.startswith("agg:") else ",".join([leg, *args.set]) for leg in legs]
-    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
+    if not args.fresh:
+        return bench(shape, args.sessions, legs, args, out / shape, path, tmp)
+    # A point inherits the decode blocks that earlier points' last turns pinned (decoder_kv_blocks_ttl): one
+    # bench per session count starts every point on fresh engines.
+    return [p for n in args.sessions.split(",")
+            for p in bench(shape, n, legs, args, out / shape / f"s{n}", path, tmp)]
+
+
+def bench(shape: str, sessions: str, legs: list[str], args: argparse.Namespace, out: Path, path: Path,
+          tmp: Path) -> list[capacity.Point]:
+    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
            "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
-           "--arrival-rate", str(args.arrival_rate), "--out", str(out / shape), "--json"]
+           "--arrival-rate", str(args.arrival_rate), "--out", str(out), "--json"]
     for leg in legs:
         cmd += ["--leg", leg]
     print("$", " ".join(cmd[1:]).replace(str(path), f"<{shape} topology>"), flush=True)
     env = {**os.environ, "PDCTL_HOME": str(tmp / shape / "home")}
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    if not (out / shape / "legs.json").exists():
+    if not (out / "legs.json").exists():
         print(done.stdout[-3000:], done.stderr[-3000:])
         raise SystemExit(f"pdctl bench on {shape} wrote no result (exit {done.returncode})")
-    (out / shape / f"{shape}.yaml").write_text(path.read_text())
-    meta = json.loads((out / shape / "legs.json").read_text())
+    (out / f"{shape}.yaml").write_text(path.read_text())
+    meta = json.loads((out / "legs.json").read_text())
     return [capacity.Point(**p) for leg in meta["legs"] for p in leg.get("capacity", [])]
 
 
@@ -104,6 +117,8 @@ def main() -> int:
     p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
+    p.add_argument("--fresh", action="store_true",
+                   help="one pdctl bench per session count (fresh engines per point), each under OUT/SHAPE/sN")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)

@@ -222,7 +222,7 @@ class Router(Strict):
     local_policy: Literal["always", "load", "work"] = Field(
         LOCAL_POLICY,
         description="Which of those turns run on the decode: always; load (only while the decode has fewer "
-        "than local_busy_streams requests in flight, or when the prefill is busy too); or work (while the prompt "
+        "than local_busy_streams requests in flight, or when the prefill has as many); or work (while the prompt "
         "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill).",
     )
     local_busy_streams: int = Field(

@@ -135,7 +135,7 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
         load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024", "router.verify_prefix=false"])
-    assert "--local-policy" not in router.argv  # always, the router's default
+    assert "--local-policy" not in router.argv  # load, the router's default
     sets = ["router.local_prefill_tokens=1024", "router.local_policy=load", "router.local_busy_streams=6"]
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", sets), SELF_PYTHON)
     i = router.argv.index("--local-policy")
