@@ -40,8 +40,9 @@ runs on that decode alone. On the simulated 1P1D and 2P2D it holds the most agen
 (docs/results/sim-capacity); 0 sends every warm turn through a prefill (needs verify_prefix: without the ids the
 router cannot tell what the decode holds, so the topology makes it 0 when verify_prefix is false)."""
 
-LOCAL_POLICY: Literal["always", "load", "work"] = "always"
-"""Which turns under local_prefill_tokens run on the decode alone."""
+LOCAL_POLICY: Literal["always", "load", "work"] = "load"
+"""Which turns under local_prefill_tokens run on the decode alone: load, while the decode is not busy (with the
+prefill's prefix caching on, the default, it held the most sessions on the simulated 1P1D: sim-capacity run E)."""
 
 LOCAL_BUSY_STREAMS = 4
 """local_policy load: requests in flight from which a decode counts as busy."""

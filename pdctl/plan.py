@@ -189,7 +189,9 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     if inst.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(inst.data_parallel_size)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
-    if not topo.prefix_caching_for(role, inst):
+    if model.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(model.max_num_batched_tokens)]
+    if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
     argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
     if topo.mode != "aggregated":
@@ -214,8 +216,10 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.sim", "serve", model.id, "--role", role]
     argv += ["--host", engine_bind(topo, node.name), "--port", str(inst.port), *_model_args(topo, inst)]
     argv += ["--max-model-len", str(model.max_model_len), "--max-num-seqs", str(model.max_num_seqs)]
+    if model.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(model.max_num_batched_tokens)]
     argv += ["--block-size", str(topo.block_size_for(inst)), "--num-gpu-blocks", str(topo.sim.num_blocks)]
-    if not topo.prefix_caching_for(role, inst):
+    if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
     if topo.mode != "aggregated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]

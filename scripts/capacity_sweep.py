@@ -3,22 +3,25 @@
 
 Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation: warm turns of at most
 --local-tokens new tokens run on the decode alone), on-load (the same with router.local_policy=load: on the
-decode only while it has fewer than --busy-streams requests in flight, or the prefill is busy too), on-work (the
+decode only while it has fewer than --busy-streams requests in flight, or the prefill has as many), on-work (the
 same with router.local_policy=work: on the decode while its in-flight prompt tokens are at most the prefill's plus
 the hop's cost), agg (one
 aggregated engine with prefix caching: one GPU, so its capacity per GPU is compared as well). Writes each
 topology's `pdctl bench` output under --out and prints the largest number of sessions within the SLO per leg.
-The machine's cores are shared: numbers are noisy.
+The prefill's prefix caching is the topology's default (on); `--set 'prefill[*].prefix_caching=false'` gives run D's
+setting. The machine's cores are shared: numbers are noisy.
 
     python scripts/capacity_sweep.py                                   # about 10 minutes
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
+    python scripts/capacity_sweep.py --topologies 1p1d --legs on,agg --sessions 32,48 --fresh --out /tmp/cap
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +33,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdctl.bench import capacity
+from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +44,14 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
     n = int(shape[0])
     data["name"] = f"capacity-{shape}"
-    data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port(),
-                        "prefix_caching": False} for _ in range(n)]
+    data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
-    data["router"] = {**data["router"], "port": free_port()}
+    # A finished turn's blocks stay pinned on its decode for decoder_kv_blocks_ttl seconds of wall time, which
+    # sim.speed compresses modelled time into: keep the pin 480 s of modelled time, as on the GPUs.
+    ttl = max(math.ceil(VLLM_DECODER_KV_BLOCKS_TTL_S / speed), 2)
+    data["connector"] = {**data["connector"], "decoder_kv_blocks_ttl": ttl}
+    handle_ttl = ttl * HANDLE_TTL_S / VLLM_DECODER_KV_BLOCKS_TTL_S
+    data["router"] = {**data["router"], "port": free_port(), "handle_ttl": handle_ttl}
     data["model"] = {**data["model"], "block_size": 256, "max_num_seqs": max_num_seqs}
     data["sim"] = {"speed": speed, "num_blocks": 2500, "args": ["--step-model", "h200-graphs"]}
     data["work_dir"] = str(work / "work")
@@ -55,27 +63,39 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
     path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
     legs = ["off:connector.bidirectional_kv_xfer=false,router.local_prefill_tokens=0",
             "on:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0",
-            f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens}",
+            f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
+            "router.local_policy=always",
             f"on-load:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
             f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             "router.local_policy=work",
             "agg:mode=aggregated"]
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
-    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={args.sessions}",
+    legs = [leg if leg.startswith("agg:") else ",".join([leg, *args.set]) for leg in legs]
+    if not args.fresh:
+        return bench(shape, args.sessions, legs, args, out / shape, path, tmp)
+    # A point inherits the decode blocks that earlier points' last turns pinned (decoder_kv_blocks_ttl): one
+    # bench per session count starts every point on fresh engines.
+    return [p for n in args.sessions.split(",")
+            for p in bench(shape, n, legs, args, out / shape / f"s{n}", path, tmp)]
+
+
+def bench(shape: str, sessions: str, legs: list[str], args: argparse.Namespace, out: Path, path: Path,
+          tmp: Path) -> list[capacity.Point]:
+    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
            "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
-           "--arrival-rate", str(args.arrival_rate), "--out", str(out / shape), "--json"]
+           "--arrival-rate", str(args.arrival_rate), "--out", str(out), "--json"]
     for leg in legs:
         cmd += ["--leg", leg]
     print("$", " ".join(cmd[1:]).replace(str(path), f"<{shape} topology>"), flush=True)
     env = {**os.environ, "PDCTL_HOME": str(tmp / shape / "home")}
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    if not (out / shape / "legs.json").exists():
+    if not (out / "legs.json").exists():
         print(done.stdout[-3000:], done.stderr[-3000:])
         raise SystemExit(f"pdctl bench on {shape} wrote no result (exit {done.returncode})")
-    (out / shape / f"{shape}.yaml").write_text(path.read_text())
-    meta = json.loads((out / shape / "legs.json").read_text())
+    (out / f"{shape}.yaml").write_text(path.read_text())
+    meta = json.loads((out / "legs.json").read_text())
     return [capacity.Point(**p) for leg in meta["legs"] for p in leg.get("capacity", [])]
 
 
@@ -95,6 +115,10 @@ def main() -> int:
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
     p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
+    p.add_argument("--fresh", action="store_true",
+                   help="one pdctl bench per session count (fresh engines per point), each under OUT/SHAPE/sN")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)

@@ -6,7 +6,9 @@ computing (other conversations' cold prefills), then pays the read back and the 
 
 - `always`: the size rule alone.
 - `load` (request counts): local while the decode has fewer than `busy_streams` requests in flight, and on a
-  busy decode only when the prefill is busy too (anything in flight there is a queue the turn would wait in).
+  busy decode only when the prefill has at least as many in flight (no shorter a queue). A prefill with prefix
+  caching (the default) computes a warm turn's new tokens in short steps beside other turns' task tokens, so
+  through it a turn spares the busy decode's streams its chunk and usually waits less (sim run E).
 - `work` (prompt tokens): both GPUs batch prefill chunks within one token budget, so a turn's first token waits
   about as long as the prompt tokens already in flight where it runs. Local while the decode's in-flight prefill
   tokens (other local turns not yet at their first token) are at most the prefill's plus `HOP_TOKENS`, the cost
@@ -57,7 +59,7 @@ def run_locally(policy: LocalPolicy, missing: int, limit: int, decode: Load, pre
         return decode.tokens <= prefill.tokens + HOP_TOKENS
     if decode.requests < busy_streams:
         return True
-    return prefill.requests > 0  # both busy: the prefill is no better a queue
+    return prefill.requests >= decode.requests
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:

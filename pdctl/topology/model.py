@@ -124,6 +124,10 @@ class Model(Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype.")
     max_model_len: int = Field(32768, gt=0, description="Longest prompt + output, in tokens.")
     max_num_seqs: int = Field(8, gt=0, description="Most requests an engine runs at once.")
+    max_num_batched_tokens: int | None = Field(
+        None, gt=0, description="Tokens one engine step computes at most (the chunked-prefill budget); default: "
+        "the engine's (vLLM: 8192 on a GPU with >= 70 GiB)."
+    )
     block_size: int | None = Field(
         None,
         gt=0,
@@ -146,6 +150,7 @@ class ModelOverride(Strict):
     id: ModelId | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     block_size: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
 
 
 class Connector(Strict):
@@ -179,7 +184,9 @@ class Instance(Strict):
     port: int = Field(ge=1, le=65535, description="HTTP port of the OpenAI-compatible server.")
     side_channel_port: int = Field(5600, ge=1, le=65535, description="NIXL side-channel base port.")
     data_parallel_size: int = Field(1, ge=1, description="Engines behind this server; side channel base+rank.")
-    prefix_caching: bool | None = Field(None, description="Prefix caching; default: off on prefill, on decode.")
+    prefix_caching: bool | None = Field(
+        None, description="Prefix caching (false: --no-enable-prefix-caching); default: on, on both roles."
+    )
     model: ModelOverride | None = Field(None, description="Model settings that differ for this instance.")
     connector: ConnectorOverride | None = Field(None, description="Connector settings for this instance.")
 
@@ -215,7 +222,7 @@ class Router(Strict):
     local_policy: Literal["always", "load", "work"] = Field(
         LOCAL_POLICY,
         description="Which of those turns run on the decode: always; load (only while the decode has fewer "
-        "than local_busy_streams requests in flight, or when the prefill is busy too); or work (while the prompt "
+        "than local_busy_streams requests in flight, or when the prefill has as many); or work (while the prompt "
         "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill).",
     )
     local_busy_streams: int = Field(
@@ -383,10 +390,12 @@ class Topology(Strict):
     def _ucx_vllm(self) -> bool:
         return self.engine == "vllm" and self.connector.backend == "UCX"
 
-    def prefix_caching_for(self, role: Role, inst: Instance) -> bool:
+    def prefix_caching_for(self, inst: Instance) -> bool:
+        """On unless the instance turns it off. On a prefill it computes only a cold turn's task tokens behind the
+        shared system prompt, and reads back only the blocks it lacks (docs/results/sim-capacity, run E)."""
         if self.mode == "aggregated":
             return True
-        return inst.prefix_caching if inst.prefix_caching is not None else role == "decode"
+        return inst.prefix_caching is not False
 
     def shared_gpus(self) -> dict[tuple[str, int], list[str]]:
         """(node, GPU id) -> the instances that run on it, for GPUs given to more than one running instance."""

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.plan import plan
+from pdctl.sim.config import parse_args
 from pdctl.topology import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
         load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024", "router.verify_prefix=false"])
-    assert "--local-policy" not in router.argv  # always, the router's default
+    assert "--local-policy" not in router.argv  # load, the router's default
     sets = ["router.local_prefill_tokens=1024", "router.local_policy=load", "router.local_busy_streams=6"]
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", sets), SELF_PYTHON)
     i = router.argv.index("--local-policy")
@@ -148,3 +149,31 @@ def test_conversation_headers_reach_the_router_in_order() -> None:
                         SELF_PYTHON)
     given = [router.argv[i + 1] for i, a in enumerate(router.argv) if a == "--conversation-header"]
     assert given == ["X-Thread", "X-Session-ID"]
+
+
+def _budget_arg(argv: tuple[str, ...]) -> str | None:
+    return argv[argv.index("--max-num-batched-tokens") + 1] if "--max-num-batched-tokens" in argv else None
+
+
+def test_the_token_budget_is_the_engines_unless_set_and_an_instance_may_set_its_own() -> None:
+    assert [_budget_arg(s.argv) for s in plan(load(ROOT / "configs/h200x2-local.yaml"), SELF_PYTHON)] == \
+        [None, None, None]
+    shared = plan(load(ROOT / "configs/h200x2-local.yaml", ["model.max_num_batched_tokens=4096"]), SELF_PYTHON)
+    assert [_budget_arg(s.argv) for s in shared] == ["4096", "4096", None]
+    prefill_only = ["prefill[0].model.max_num_batched_tokens=2048"]
+    for config in ("h200x2-local", "local-sim"):  # vLLM and the simulator take the same flag
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml", prefill_only), SELF_PYTHON)
+        assert (_budget_arg(decode.argv), _budget_arg(prefill.argv)) == (None, "2048")
+    cfg = parse_args(list(prefill.argv[3:]), env=prefill.env)
+    assert cfg.max_num_batched_tokens == 2048 and cfg.ignored_args == ()
+
+
+def test_prefix_caching_is_on_by_default_and_an_instance_may_turn_it_off() -> None:
+    for config in ("h200x2-local", "local-sim"):
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml"), SELF_PYTHON)
+        assert "--no-enable-prefix-caching" not in decode.argv + prefill.argv
+        decode, prefill, _ = plan(load(ROOT / f"configs/{config}.yaml", ["prefill[0].prefix_caching=false"]),
+                                  SELF_PYTHON)
+        assert "--no-enable-prefix-caching" in prefill.argv and "--no-enable-prefix-caching" not in decode.argv
+    off = plan(load(ROOT / "configs/local-sim.yaml", ["prefill[0].prefix_caching=false"]), SELF_PYTHON)[1]
+    assert not parse_args(list(off.argv[3:]), env=off.env).prefix_caching

@@ -133,7 +133,8 @@ def test_a_local_turn_sent_the_instant_the_last_one_ended_finds_the_pinned_handl
     # The decode's streams close 150 ms after their [DONE]; the pinned handle must be back before the client sees it.
     logs = tmp_path_factory.mktemp("local-late")
     with (late_end(logs, pd.decode_url, 150) as decode,
-          router_process(logs, [pd.prefill_url], [decode], "--local-prefill-tokens", str(LIMIT)) as router):
+          router_process(logs, [pd.prefill_url], [decode], "--local-prefill-tokens", str(LIMIT),
+                         "--local-policy", "always") as router):  # the late streams stay in flight: not `load`
         client = Instant(router.url)
         prompt, reuse = f"{uuid.uuid4().hex} {LONG}", []
         try:

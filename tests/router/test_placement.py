@@ -28,8 +28,13 @@ def test_load_sends_the_turn_to_an_idle_prefill_when_the_decode_is_busy() -> Non
     assert not run_locally("load", 1000, 4096, Load(12), Load(0), 4)
 
 
-def test_load_keeps_it_local_when_the_prefill_is_busy_too() -> None:
-    assert run_locally("load", 1000, 4096, Load(6), Load(1), 4)
+def test_load_sends_the_turn_to_a_prefill_with_fewer_in_flight_than_the_busy_decode() -> None:
+    assert not run_locally("load", 1000, 4096, Load(6), Load(1), 4)
+    assert not run_locally("load", 1000, 4096, Load(6), Load(5), 4)
+
+
+def test_load_keeps_it_local_when_the_prefill_is_as_busy() -> None:
+    assert run_locally("load", 1000, 4096, Load(6), Load(6), 4)
     assert run_locally("load", 1000, 4096, Load(6), None, 4)  # no prefill to compare with
 
 

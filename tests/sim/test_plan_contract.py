@@ -25,4 +25,4 @@ def test_local_sim_plan_parses() -> None:
         assert cfg.kv.bidirectional == topo.connector.bidirectional_kv_xfer
         assert cfg.kv.decoder_kv_blocks_ttl == topo.connector.decoder_kv_blocks_ttl
         assert cfg.speed == topo.sim.speed and cfg.num_gpu_blocks == topo.sim.num_blocks
-        assert cfg.prefix_caching == (spec.role == "decode")
+        assert cfg.prefix_caching  # on by default on both roles
