@@ -67,9 +67,9 @@ class RouterConfig:
     )
     local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
         LOCAL_POLICY,
-        "Which of those turns run on the decode: always; load (only while the decode has fewer than "
-        "--local-busy-streams requests in flight or the prefill is busy too); or work (while its prompt tokens in "
-        "flight are at most the prefill's plus the hop's cost).",
+        "Which of those turns run on the decode: always; load (while the decode has fewer than "
+        "--local-busy-streams requests in flight, or the prefill has at least as many as the decode); or work "
+        "(while its prompt tokens in flight are at most the prefill's plus the hop's cost).",
     )
     local_busy_streams: int = knob(
         LOCAL_BUSY_STREAMS, "--local-policy load: requests in flight from which a decode counts as busy."
