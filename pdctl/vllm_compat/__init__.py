@@ -27,133 +27,28 @@ import enum
 import os
 import re
 import sys
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-PATCHED_MARKER = "# pdctl-compat: kv_transfer_params on the final streaming chunk, as vLLM 0.33.0 does"
-PREFIX_MARKER = "# pdctl-compat: pdctl's prefix check, before anything reads remote_num_tokens (pdctl/prefix_check.py)"
-FIRST_NATIVE = (0, 33, 0)
-BACKUP_SUFFIX = ".pdctl-orig"
-STREAMING = "streaming"
-PREFIX_CHECK = "prefix-check"
-PATCHES = (STREAMING, PREFIX_CHECK)
-NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
-PREFIX_COPY = f"{NIXL}/pdctl_prefix_check.py"
-# pdctl's own prefix check, read as a file: this module imports nothing of pdctl.
-PREFIX_SOURCE = Path(__file__).with_name("prefix_check.py")
+from pdctl.vllm_compat.edits import (
+    _EDITS,
+    BACKUP_SUFFIX,
+    FIRST_NATIVE,
+    PATCHES,
+    PREFIX_CHECK,
+    PREFIX_COPY,
+    PREFIX_SOURCE,
+    STREAMING,
+    Edit,
+)
+from pdctl.vllm_compat.edits import NIXL as NIXL  # re-exported: the patch's names
+from pdctl.vllm_compat.edits import PATCHED_MARKER as PATCHED_MARKER
+from pdctl.vllm_compat.edits import PREFIX_MARKER as PREFIX_MARKER
 
 Status = Literal["native", "patched", "needs-patch", "unknown-layout"]
-
-
-@dataclass(frozen=True)
-class Edit:
-    """Insert `insert`, indented like `anchor`, next to `anchor` inside the block that `scope` opens ("": the
-    whole file)."""
-
-    path: str
-    scope: str
-    anchor: tuple[str, ...]
-    insert: str
-    before: bool = False
-    marker: str = PATCHED_MARKER
-
-    def lines(self, indent: str) -> list[str]:
-        body = [self.marker, *textwrap.dedent(self.insert).strip("\n").splitlines()]
-        return [indent + line for line in body]
-
-
-_FIELD = """
-    kv_transfer_params: dict[str, Any] | None = Field(
-        default=None, description="KVTransfer parameters."
-    )
-"""
-
-_V0_26_0 = (
-    Edit(
-        path="vllm/entrypoints/openai/chat_completion/protocol.py",
-        scope="class ChatCompletionStreamResponse(OpenAIBaseModel):",
-        anchor=("    metrics: PerRequestTimingMetrics | None = None",),
-        insert=_FIELD,
-    ),
-    Edit(
-        path="vllm/entrypoints/openai/completion/protocol.py",
-        scope="class CompletionStreamResponse(OpenAIBaseModel):",
-        anchor=("    metrics: PerRequestTimingMetrics | None = None",),
-        insert=_FIELD,
-    ),
-    Edit(
-        path="vllm/entrypoints/openai/chat_completion/serving.py",
-        scope="    async def chat_completion_stream_generator(",
-        anchor=(
-            "                    # Stamp the fingerprint on terminal chunks only (those with",
-            "                    # finish_reason set). When ``include_usage`` is on, the",
-        ),
-        insert="""
-            if finish_reason_sent[i]:
-                chunk.kv_transfer_params = res.kv_transfer_params
-        """,
-        before=True,
-    ),
-    Edit(
-        path="vllm/entrypoints/openai/completion/serving.py",
-        scope="    async def completion_stream_generator(",
-        anchor=(
-            "                    # Stamp on terminal chunk only when no trailing usage chunk",
-            "                    # will follow (that one is the true final message).",
-        ),
-        insert="""
-            if finish_reason is not None:
-                chunk.kv_transfer_params = res.kv_transfer_params
-        """,
-        before=True,
-    ),
-)
-
-_PULL = f"{NIXL}/pull_scheduler.py"
-_PREFIX_V0_26_0 = (
-    Edit(
-        path=_PULL,
-        scope="",
-        anchor=("from vllm.logger import init_logger",),
-        insert="from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pdctl_prefix_check import check as pdctl_check",
-        marker=PREFIX_MARKER,
-    ),
-    Edit(
-        path=_PULL,
-        scope="    def get_num_new_matched_tokens(",
-        anchor=(
-            "        params = request.kv_transfer_params",
-            "        logger.debug(",
-            '            "NIXLConnector get_num_new_matched_tokens: "',
-            '            "num_computed_tokens=%s, kv_transfer_params=%s",',
-            "            num_computed_tokens,",
-            "            params,",
-            "        )",
-        ),
-        # check() takes the spec out of params: asked again while the request waits for blocks, it is a no-op.
-        insert="""
-            if params is not None and "pdctl_prefix" in params and params.get("do_remote_decode"):
-                pdctl_check(params, request.prompt_token_ids or [])
-        """,
-        marker=PREFIX_MARKER,
-    ),
-    Edit(
-        path=_PULL,
-        scope="    def request_finished(",
-        anchor=("            remote_blocks_expiry_time=blocks_expiry_time,",),
-        insert='pdctl_reuse=params.get("pdctl_reuse"),',
-        marker=PREFIX_MARKER,
-    ),
-)
-
-_EDITS: dict[str, dict[tuple[int, int, int], tuple[Edit, ...]]] = {
-    STREAMING: {(0, 26, 0): _V0_26_0},
-    PREFIX_CHECK: {(0, 26, 0): _PREFIX_V0_26_0},
-}
 
 
 class _State(enum.Enum):
@@ -410,6 +305,3 @@ def _locate(site_packages: Path | None, version: str | None) -> tuple[Path, str]
     site, found = installed_vllm(site_packages)
     return site_packages or site, version or found
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
