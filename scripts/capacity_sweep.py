@@ -39,11 +39,17 @@ from tests.conftest import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[str, Any]:
+# What one H200 holds for Qwen3-32B (256 KiB a token) at vLLM's default gpu_memory_utilization: "GPU KV cache size:
+# 229,376 tokens" (docs/results/h200x2-run2/run/logs-tail.txt), 896 blocks of 256. Runs A-E used 2500.
+H200_KV_BLOCKS = 229_376 // 256
+
+
+def topology(shape: str, speed: float, max_num_seqs: int, work: Path, num_blocks: int = H200_KV_BLOCKS,
+             tag: str = "") -> dict[str, Any]:
     """configs/local-sim.yaml on free ports, with `shape` (1p1d / 2p2d) instances and the step model."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
     n = int(shape[0])
-    data["name"] = f"capacity-{shape}"
+    data["name"] = f"capacity-{shape}{tag}"
     data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     # A finished turn's blocks stay pinned on its decode for decoder_kv_blocks_ttl seconds of wall time, which
@@ -53,14 +59,15 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
     handle_ttl = ttl * HANDLE_TTL_S / VLLM_DECODER_KV_BLOCKS_TTL_S
     data["router"] = {**data["router"], "port": free_port(), "handle_ttl": handle_ttl}
     data["model"] = {**data["model"], "block_size": 256, "max_num_seqs": max_num_seqs}
-    data["sim"] = {"speed": speed, "num_blocks": 2500, "args": ["--step-model", "h200-graphs"]}
+    data["sim"] = {"speed": speed, "num_blocks": num_blocks, "args": ["--step-model", "h200-graphs"]}
     data["work_dir"] = str(work / "work")
     return data
 
 
 def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
     path = tmp / f"{shape}.yaml"
-    path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape)))
+    path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape, args.num_blocks,
+                                            f"-{args.tag}" if args.tag else "")))
     legs = ["off:connector.bidirectional_kv_xfer=false,router.local_prefill_tokens=0",
             "on:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0",
             f"on-local:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
@@ -113,12 +120,16 @@ def main() -> int:
     p.add_argument("--arrival-rate", type=float, default=2.0)
     p.add_argument("--local-tokens", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
+    p.add_argument("--num-blocks", type=int, default=H200_KV_BLOCKS,
+                   help=f"KV blocks of 256 tokens per engine ({H200_KV_BLOCKS}: what an H200 holds for Qwen3-32B)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
     p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
     p.add_argument("--fresh", action="store_true",
                    help="one pdctl bench per session count (fresh engines per point), each under OUT/SHAPE/sN")
+    p.add_argument("--tag", default="", help="deployment name suffix: sweeps running at once need distinct names "
+                   "(pdctl up stops the processes of a deployment of the same name)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
     slo = capacity.Slo.parse(args.slo)
@@ -130,7 +141,10 @@ def main() -> int:
             print("\n".join(capacity.table(points, slo)))
             best = {leg: capacity.largest_within([q for q in points if q.leg == leg], slo)
                     for leg in dict.fromkeys(q.leg for q in points)}
-            top = max((leg for leg in best if leg != "agg"), key=lambda leg: best[leg])
+            pd_legs = [leg for leg in best if leg != "agg"]
+            if not pd_legs:
+                continue
+            top = max(pd_legs, key=lambda leg: best[leg])
             agg_same_gpus = best.get("agg", 0) * gpus  # one aggregated engine per GPU, sessions split perfectly
             print(f"\nbest P/D leg: {top} with {best[top]} sessions; off {best.get('off', 0)}; "
                   f"agg {best.get('agg', 0)} on 1 GPU, at most {agg_same_gpus} on {gpus} GPUs")
