@@ -6,7 +6,8 @@
 #   bash scripts/gpu/sim-capacity.sh stash                 # a call carrying part of .gpu/simwh: keep those wheels
 #   bash scripts/gpu/sim-capacity.sh setup                 # venv with pdctl's dependencies from /root/simwh
 #   bash scripts/gpu/sim-capacity.sh sweeps OUT FILE       # each line of FILE: capacity_sweep.py arguments, all
-#                                                          # lines at once (one process each), logs in OUT/
+#                                                          # lines at once (one process each), logs in OUT/,
+#                                                          # results in OUT.tgz
 # .gpu/simwh comes from `pip download --python-version 3.12 --only-binary=:all: ...` of pyproject's dependencies
 # and pytest (scripts/capacity_sweep.py takes free_port from tests/conftest.py).
 set -euo pipefail
@@ -38,6 +39,9 @@ case "${1:-}" in
     for job in $(jobs -p); do wait "$job" || fails=$((fails + 1)); done
     uptime
     for f in "$out"/*.log; do echo "== $f"; tail -25 "$f"; done
+    # what comes back from the device may be at most a few folders deep: one archive, without the per-request
+    # records (report.md, legs.json, summary.csv and the plots stay)
+    tar -C "$out" -czf "$out.tgz" --exclude 'requests.json*' . && ls -la "$out.tgz"
     exit "$fails" ;;
   *) echo "usage: $0 stash|setup|sweeps OUT FILE" >&2; exit 2 ;;
 esac
