@@ -119,6 +119,8 @@ class Engine:
         costs = steps.PROFILES.get(cfg.step_model or "")
         self.steps = (StepLoop(costs, cfg.max_num_seqs, cfg.speed, cfg.max_num_batched_tokens, metrics.record_step)
                       if costs is not None and timing.time_scale(cfg.speed) else None)
+        if self.steps is not None:
+            metrics.enable_steps()
 
     def gauges(self) -> None:
         m = self.metrics

@@ -77,8 +77,7 @@ class SimMetrics:
                              labels, registry=r)
         self.kv_blocks = Gauge("pdctl_sim_kv_num_gpu_blocks", "KV blocks the engine has.", labels, registry=r)
         self._peak = 0
-        for metric in (self.step_ms, self.steps, self.step_prefill, self.step_decode, self.kv_in_use,
-                       self.kv_peak, self.kv_blocks, self.aborted, self.running, self.waiting,
+        for metric in (self.kv_in_use, self.kv_peak, self.kv_blocks, self.aborted, self.running, self.waiting,
                        self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
@@ -89,6 +88,12 @@ class SimMetrics:
 
     def lab(self, metric: M) -> M:
         return metric.labels(**self._values)
+
+    def enable_steps(self) -> None:
+        """Show the step counters (at 0) only on an engine that runs the step model: without them a reader knows
+        the engine's busy time is not modelled, rather than reading 0."""
+        for metric in (self.step_ms, self.steps, self.step_prefill, self.step_decode):
+            self.lab(metric)
 
     def record_step(self, ms: float, prefill_tokens: int, decode_tokens: int) -> None:
         self.lab(self.step_ms).inc(ms)
