@@ -99,6 +99,11 @@ class Point:
     itl_max: float
     engines: tuple[EngineUsage, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Points read back from legs.json as Point(**p) (scripts do) carry their engines as dicts.
+        engines = tuple(e if isinstance(e, EngineUsage) else EngineUsage.from_json(e) for e in self.engines)
+        object.__setattr__(self, "engines", engines)
+
     def within(self, slo: Slo) -> bool:
         return (self.failed == 0 and self.ttft_p50 <= slo.ttft_p50 and self.ttft_p90 <= slo.ttft_p90
                 and self.itl_p99 <= slo.itl_p99)
@@ -111,8 +116,7 @@ class Point:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Point:
-        engines = tuple(EngineUsage.from_json(e) for e in data.get("engines", ()))
-        return cls(**{**data, "engines": engines})
+        return cls(**data)
 
 
 class Meter(Protocol):

@@ -73,7 +73,7 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
 def capacity_points(result: BenchResult) -> tuple[list[capacity.Point], capacity.Slo]:
     raw = result.workload.get("slo")
     slo = capacity.Slo(**raw) if isinstance(raw, dict) else capacity.Slo()
-    points = [capacity.Point.from_json(p) for leg in result.legs for p in leg.capacity]
+    points = [capacity.Point(**p) for leg in result.legs for p in leg.capacity]
     return points, slo
 
 

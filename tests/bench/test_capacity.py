@@ -89,7 +89,7 @@ def test_each_point_records_its_engines_and_the_table_shows_busy_and_kv_peak() -
     points = capacity.sweep("x", fake_play(2, []), [1, 2, 4], time_scale=4.0, meter=meter)
     assert len(meter.spans) == 3 and all(s >= 0 for s in meter.spans)
     assert [p.engines[1].busy for p in points] == [0.2, 0.4, pytest.approx(0.6)]
-    assert Point.from_json(points[1].to_json()) == points[1]
+    assert Point.from_json(points[1].to_json()) == points[1] == Point(**points[1].to_json())
     lines = capacity.table(points, SLO)
     assert lines[0].endswith("| largest gap | GPU busy % | KV peak % | within SLO |")
     assert lines[1] == "|---|---|---|---|---|---|---|---|---|---|---|"
