@@ -64,7 +64,9 @@ def kv_from_log(lines: Iterable[str]) -> KvTransfer:
 class EngineUsage:
     """One engine over a span. `busy`: modelled step time / the span's modelled time (None: no step model).
     `kv_peak`: the most KV blocks in use at once since the engine started, as a fraction of its blocks;
-    `kv_peak_in_span`: that mark rose during the span, so it is the span's own peak (else the span's is at most it)."""
+    `kv_peak_in_span`: that mark rose during the span, so it is the span's own peak (else the span's is at most it).
+    `steps`: how many steps that time took; each pays the step model's fixed part (base_ms), so a decoding engine
+    is busy whenever a stream is, and its work beyond that is busy x span - steps x base_ms."""
 
     engine: str  # prefill-0, decode-0, or aggregated-0 (one per GPU)
     busy: float | None
@@ -72,6 +74,7 @@ class EngineUsage:
     decode_tokens: int | None
     kv_peak: float | None
     kv_peak_in_span: bool = False
+    steps: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -101,6 +104,7 @@ def usage_delta(engine: str, before: Samples, after: Samples, span_ms: float) ->
         decode_tokens=int(d(SIM_DECODE_TOKENS)) if steps else None,
         kv_peak=peak / blocks if peak is not None and blocks > 0 else None,
         kv_peak_in_span=peak is not None and peak != before.get(SIM_KV_PEAK),  # it rose, or the engine restarted
+        steps=int(d(SIM_STEPS)) if steps else None,
     )
 
 

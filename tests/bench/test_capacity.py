@@ -124,11 +124,14 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     assert [[e["engine"] for e in p["engines"]] for p in agg["capacity"]] == [["aggregated-0"]] * 2
     for p in on["capacity"] + agg["capacity"]:
         assert all(0 < e["busy"] < 1 and 0 < e["kv_peak"] < 1 for e in p["engines"])
+        assert all(e["steps"] > 0 for e in p["engines"])
     prefill, decode = on["capacity"][1]["engines"]
-    assert prefill["decode_tokens"] == 0 < prefill["prefill_tokens"]  # a prefill samples one token per turn, in
-    assert decode["decode_tokens"] > 0  # its last prompt step; the decode streams the rest
+    # 9 turns at 3 sessions: the prefill samples each turn's first token in its last prompt step; the decode
+    # computes what it did not pull, samples the first token again and decodes the other 3 of the 4 output tokens
+    assert prefill["decode_tokens"] == 0 < decode["prefill_tokens"] < prefill["prefill_tokens"]
+    assert decode["decode_tokens"] == 9 * 3
     (one,) = agg["capacity"][1]["engines"]
-    assert one["prefill_tokens"] > 0 and one["decode_tokens"] > 0
+    assert one["prefill_tokens"] > 0 and one["decode_tokens"] == 9 * 3
     records = json.loads((out / "requests.json").read_text())
     assert {r["reuse"] for r in records if r["leg"] == "on" and r["turn"] >= 1} == {"hit"}
     # sessions share the system prompt and each turn's prompt extends the last

@@ -81,11 +81,12 @@ def test_usage_over_a_span_from_the_sim_step_counters() -> None:
              "pdctl_sim_kv_blocks_peak": 250.0}
     u = usage_delta("decode-0", SIM_BEFORE, after, span_ms=6000.0)
     assert u == EngineUsage("decode-0", busy=0.5, prefill_tokens=2000, decode_tokens=50, kv_peak=0.25,
-                            kv_peak_in_span=True)
+                            kv_peak_in_span=True, steps=50)
     assert EngineUsage.from_json(u.to_json()) == u
     # the mark did not move: it was set before the span, whose own peak was at most it
     same = usage_delta("decode-0", after, after, span_ms=6000.0)
-    assert same is not None and same.busy == 0.0 and same.kv_peak == 0.25 and not same.kv_peak_in_span
+    assert same is not None and same.busy == 0.0 and same.steps == 0 and same.kv_peak == 0.25
+    assert not same.kv_peak_in_span
 
 
 def test_usage_is_none_where_the_engine_has_no_such_counters() -> None:
@@ -99,4 +100,4 @@ def test_usage_is_none_where_the_engine_has_no_such_counters() -> None:
     # restarted in the span (the step counter went down): the deltas are unknown
     restarted = {**SIM_BEFORE, "pdctl_sim_steps_total": 3.0, "pdctl_sim_step_modelled_ms_total": 90.0}
     u = usage_delta("decode-0", SIM_BEFORE, restarted, span_ms=1000.0)
-    assert u is not None and u.busy is None and u.prefill_tokens is None
+    assert u is not None and u.busy is None and u.prefill_tokens is None and u.steps is None
