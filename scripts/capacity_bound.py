@@ -12,9 +12,11 @@ Assumptions (each one checkable against pdctl/sim/steps.py and pdctl/bench/agent
 - The workload is the sweeps' agent profile at its means: 6 turns, a 6000-token shared system prompt, 300-token
   task; each later turn adds the previous 200 output tokens and a tool result (mean of 200-1000), think time the
   mean of 0.5-3 s between turns (none after the last). Turn k's prompt is L_k = 6300 + k * 800.
-- Prefix caching everywhere: the shared prompt's 23 full blocks (256 tokens) are cached on every GPU; a warm turn on
-  the engine that holds its session's last turn computes only tool + 1 tokens, a cold turn the 412 past the shared
-  blocks; a decode fed by a prefill computes one token (vLLM recomputes the last prompt token).
+- Prefix caching everywhere: the shared prompt's 23 full blocks (256 tokens) are cached on every GPU, a cold turn
+  computes the 412 tokens past them. A warm turn computed from the engine's own cache (aggregated, or local on a
+  decode) recomputes the session's last partial block too (only full blocks are cached): prompt - full blocks of
+  the last turn; one through a prefill that read the decode's KV back computes tool + 1 tokens; a decode fed by a
+  prefill computes one token (vLLM recomputes the last prompt token).
 - A GPU's work per turn is the step model's marginal cost of its slots (chunk_ms); the per-step fixed part
   (base_ms) is shared by everything in a step. A decoding engine steps back to back, so its step time (its TPOT)
   is tau = base / (1 - rho), rho = turn rate x work per turn ("utilization"; rho < 1 is the condition for a
@@ -95,6 +97,8 @@ class Turn:
     new: float
     context: float
     chunk_ms: float  # the new tokens' marginal cost in a step
+    local_new: float  # what an engine computes from its own prefix cache: full blocks only
+    local_ms: float
     decode_ms: float  # output tokens 2..O, one decode step each, marginal
     first_ms: float  # a P/D decode's one recomputed prompt token
     readback_tokens: float  # D->P: the session's KV past the shared blocks (0 on a cold turn)
@@ -106,8 +110,10 @@ def turn(w: Workload, k: int, tool: float | None = None) -> Turn:
     prompt = w.prompt(k, tool)
     held = w.shared if k == 0 else w.prompt(k - 1) + w.output_tokens - 1
     new, o = prompt - held, w.output_tokens
+    cached = held // BLOCK * BLOCK
     decode = sum(steps.chunk_ms(COSTS, 1, round(prompt) + i) for i in range(o - 1))
-    return Turn(k, prompt, new, held, steps.chunk_ms(COSTS, round(new), round(held)), decode,
+    return Turn(k, prompt, new, held, steps.chunk_ms(COSTS, round(new), round(held)),
+                prompt - cached, steps.chunk_ms(COSTS, round(prompt - cached), round(cached)), decode,
                 steps.chunk_ms(COSTS, 1, round(prompt) - 1), held - w.shared if k else 0.0,
                 math.ceil((prompt + o - 1) / BLOCK) - w.shared // BLOCK)
 
@@ -172,7 +178,7 @@ def cycle_s(w: Workload, ttft_ms: float, tau: float) -> float:
 
 def aggregated(w: Workload, sessions: float, name: str = "A") -> Model:
     turns = [turn(w, k) for k in range(w.turns)]
-    work = mean([t.chunk_ms + t.decode_ms for t in turns])
+    work = mean([t.local_ms + t.decode_ms for t in turns])
     last = turn(w, w.turns - 1, w.tool_low + 0.9 * (w.tool_high - w.tool_low))
     kv = w.shared // BLOCK + sessions * mean([t.private_blocks for t in turns])
 
@@ -181,7 +187,7 @@ def aggregated(w: Workload, sessions: float, name: str = "A") -> Model:
         tau = tpot(rho)
 
         def ttft(t: Turn) -> float:
-            return COSTS.request_ms + 1.5 * tau + t.chunk_ms
+            return COSTS.request_ms + 1.5 * tau + t.local_ms
 
         mean_ttft = mean([ttft(t) for t in turns[1:]])
         return State(cycle_s(w, mean_ttft, tau), mean_ttft, ttft(last), (Gpu(name, rho, tau, kv),))
@@ -205,7 +211,7 @@ def disaggregated(w: Workload, sessions: float, split: float = 1.0) -> Model:
     last = turn(w, w.turns - 1, w.tool_low + 0.9 * (w.tool_high - w.tool_low))
     via = [1.0 if t.k == 0 else split for t in turns]
     p_work = [COSTS.base_ms + t.chunk_ms for t in turns]
-    d_work = mean([t.decode_ms + f * t.first_ms + (1 - f) * t.chunk_ms for t, f in zip(turns, via, strict=True)])
+    d_work = mean([t.decode_ms + f * t.first_ms + (1 - f) * t.local_ms for t, f in zip(turns, via, strict=True)])
     shared = w.shared // BLOCK
     d_kv = shared + sessions * mean([t.private_blocks for t in turns])
     pins = sessions * turns[-1].private_blocks
@@ -223,7 +229,7 @@ def disaggregated(w: Workload, sessions: float, split: float = 1.0) -> Model:
                     + COSTS.base_ms + t.chunk_ms + COSTS.request_ms + read_ms(t.new) + 1.5 * tau + t.first_ms)
 
         def local(t: Turn) -> float:
-            return COSTS.request_ms + 1.5 * tau + t.chunk_ms
+            return COSTS.request_ms + 1.5 * tau + t.local_ms
 
         def ttft(t: Turn) -> float:  # (a path no turn takes may be infinite: leave it out rather than 0 x inf)
             return (split * through_p(t) if split > 0 else 0.0) + ((1 - split) * local(t) if split < 1 else 0.0)
@@ -289,12 +295,14 @@ def _gpus(s: State, f: Callable[[Gpu], str]) -> str:
 def report(w: Workload, sessions: Sequence[int], slo_ms: float) -> list[str]:
     lines = ["Per turn (step model h200-graphs, ms at speed 1; marginal costs, base_ms "
              f"{COSTS.base_ms} per step apart):", "",
-             "| turn | prompt | new tokens | after | prefill chunk ms | decode ms (199 tokens) | P/D decode's "
-             "1 token ms | readback tokens | private blocks |", "|---|---|---|---|---|---|---|---|---|"]
+             "| turn | prompt | new tokens after a readback | after | chunk ms | new tokens from the own cache | "
+             "chunk ms | decode ms (199 tokens) | P/D decode's 1 token ms | readback tokens | private blocks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in range(w.turns):
         t = turn(w, k)
         lines.append(f"| {k} | {t.prompt:.0f} | {t.new:.0f} | {t.context:.0f} | {t.chunk_ms:.1f} | "
-                     f"{t.decode_ms:.1f} | {t.first_ms:.2f} | {t.readback_tokens:.0f} | {t.private_blocks:.0f} |")
+                     f"{t.local_new:.0f} | {t.local_ms:.1f} | {t.decode_ms:.1f} | {t.first_ms:.2f} | "
+                     f"{t.readback_tokens:.0f} | {t.private_blocks:.0f} |")
     lines += ["", "Warm-turn TTFT chain at zero load (turn 3):", ""]
     lines += [f"- {name}: {chain}" for name, chain in chains(w, turn(w, 3)).items()]
     for n in sessions:
@@ -324,7 +332,7 @@ def report(w: Workload, sessions: Sequence[int], slo_ms: float) -> list[str]:
 def chains(w: Workload, t: Turn) -> dict[str, str]:
     """The steps a warm turn waits for with nothing else running, each in ms."""
     c = COSTS
-    agg = [("request", c.request_ms), ("step base", c.base_ms), ("chunk", t.chunk_ms)]
+    agg = [("request", c.request_ms), ("step base", c.base_ms), ("chunk", t.local_ms)]
     pd = [("P request", c.request_ms), ("D->P readback", read_ms(t.readback_tokens)),
           ("readback wait", steps.readback_wait_ms(c)), ("P step base", c.base_ms), ("P chunk", t.chunk_ms),
           ("D request", c.request_ms), ("P->D pull", read_ms(t.new)), ("D step base", c.base_ms),

@@ -37,6 +37,9 @@ def test_the_agent_workload_turn_by_turn() -> None:
     # a warm turn computes the tool result + the last output token the engine never put in KV
     assert (warm.new, warm.context) == (601, 7900 + 199)
     assert warm.chunk_ms == steps.chunk_ms(C, 601, 8099)
+    # from its own prefix cache an engine recomputes the last turn's partial block: 8099 - 31 x 256 = 163 tokens
+    assert (warm.local_new, warm.local_ms) == (601 + 163, steps.chunk_ms(C, 764, 7936))
+    assert (cold.local_new, cold.context) == (412, 5888)
     assert warm.decode_ms == pytest.approx(sum(steps.alone_tpot_ms(C, 8700 + i) - C.base_ms for i in range(199)))
     assert warm.readback_tokens == 8099 - 5888 and warm.private_blocks == math.ceil(8899 / 256) - 23
     assert cb.turn(w, 5, 1000.0).prompt == 10300 + 400  # the last turn with a longer tool result
@@ -44,7 +47,7 @@ def test_the_agent_workload_turn_by_turn() -> None:
 
 def test_utilization_tpot_and_the_fixed_point_of_one_aggregated_engine() -> None:
     w = cb.Workload()
-    work = sum(cb.turn(w, k).chunk_ms + cb.turn(w, k).decode_ms for k in range(6)) / 6
+    work = sum(cb.turn(w, k).local_ms + cb.turn(w, k).decode_ms for k in range(6)) / 6
     at = cb.aggregated(w, 10)
     state = at(20.0)  # 10 sessions each turning every 20 s: 0.5 turns/s
     (gpu,) = state.gpus
@@ -57,7 +60,7 @@ def test_utilization_tpot_and_the_fixed_point_of_one_aggregated_engine() -> None
     unloaded = at(math.inf)
     assert unloaded.gpus[0].rho == 0 and unloaded.gpus[0].tpot_ms == C.base_ms
     assert unloaded.ttft_ms == pytest.approx(C.request_ms + 1.5 * C.base_ms
-                                             + sum(cb.turn(w, k).chunk_ms for k in range(1, 6)) / 5)
+                                             + sum(cb.turn(w, k).local_ms for k in range(1, 6)) / 5)
     assert cb.demand(at).gpus[0].rho > fixed.gpus[0].rho  # the closed loop stretches the cycle instead
 
 
