@@ -4,15 +4,23 @@ A point's TTFT is over its warm turns (turn >= 1); its inter-token figure is the
 request's largest gap between two streamed chunks (stricter than the p99 of all gaps: a stall counts whole).
 A point with any failed request is outside every SLO. On the simulator the points are in modelled time: wall
 time times sim.speed (the records themselves keep wall time, as every bench record does).
+
+With a meter (pdctl.bench.collect.UsageMeter) each point also records each engine's busy fraction (modelled step
+time over the point's modelled duration), prefill and decode tokens, and KV high-water mark; the table shows the
+busy % and KV peak % per engine, "-" where an engine has no such counters (a real vLLM), and no columns at all
+when no point has any.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 from pdctl.bench.agent import AgentSpec
+from pdctl.bench.collect import EngineUsage
 from pdctl.bench.records import RequestRecord
 from pdctl.bench.stats import percentile
 from pdctl.errors import UsageError
@@ -89,46 +97,82 @@ class Point:
     ttft_p90: float
     itl_p99: float
     itl_max: float
+    engines: tuple[EngineUsage, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Points read back from legs.json as Point(**p) (scripts do) carry their engines as dicts.
+        engines = tuple(e if isinstance(e, EngineUsage) else EngineUsage.from_json(e) for e in self.engines)
+        object.__setattr__(self, "engines", engines)
 
     def within(self, slo: Slo) -> bool:
         return (self.failed == 0 and self.ttft_p50 <= slo.ttft_p50 and self.ttft_p90 <= slo.ttft_p90
                 and self.itl_p99 <= slo.itl_p99)
 
-    def to_json(self) -> dict[str, float | int | str]:
-        return {k: (round(v, 2) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: _rounded(getattr(self, f.name)) for f in fields(self) if f.name != "engines"}
+        if self.engines:
+            out["engines"] = [e.to_json() for e in self.engines]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Point:
+        return cls(**data)
 
 
-def point(leg: str, sessions: int, records: Sequence[RequestRecord], time_scale: float = 1.0) -> Point:
+class Meter(Protocol):
+    """Reads each engine over one point: start() before its sessions, stop(modelled ms) after them."""
+
+    def start(self) -> None: ...
+
+    def stop(self, span_ms: float) -> tuple[EngineUsage, ...]: ...
+
+
+def point(leg: str, sessions: int, records: Sequence[RequestRecord], time_scale: float = 1.0,
+          engines: tuple[EngineUsage, ...] = ()) -> Point:
     """`time_scale` turns wall time back into modelled time (a simulator's --speed)."""
     ok = [r for r in records if r.ok]
     warm = [r.ttft_ms * time_scale for r in ok if r.turn >= 1 and r.ttft_ms is not None]
     gaps = [r.itl_max_ms * time_scale for r in ok if r.itl_max_ms is not None]
     return Point(leg, sessions, len(records), len(records) - len(ok), percentile(warm, 50), percentile(warm, 90),
-                 percentile(gaps, 99), max(gaps, default=math.nan))
+                 percentile(gaps, 99), max(gaps, default=math.nan), engines)
 
 
 Play = Callable[[int], Sequence[RequestRecord]]
 """Plays N sessions against the leg's deployment and returns their records."""
 
 
-def sweep(leg: str, play: Play, sessions: Sequence[int], time_scale: float = 1.0) -> list[Point]:
-    return [point(leg, n, play(n), time_scale) for n in sessions]
+def measured(leg: str, play: Play, n: int, time_scale: float = 1.0, meter: Meter | None = None) -> Point:
+    """One point: N sessions played, the engines metered over exactly that span."""
+    if meter is None:
+        return point(leg, n, play(n), time_scale)
+    meter.start()
+    started = time.monotonic()
+    records = play(n)
+    span_ms = (time.monotonic() - started) * 1000.0 * time_scale
+    return point(leg, n, records, time_scale, meter.stop(span_ms))
 
 
-def measure(leg: str, play: Play, opts: CapacityOptions, time_scale: float = 1.0) -> list[Point]:
+def sweep(leg: str, play: Play, sessions: Sequence[int], time_scale: float = 1.0,
+          meter: Meter | None = None) -> list[Point]:
+    return [measured(leg, play, n, time_scale, meter) for n in sessions]
+
+
+def measure(leg: str, play: Play, opts: CapacityOptions, time_scale: float = 1.0,
+            meter: Meter | None = None) -> list[Point]:
     """The sweep when session counts are given, else the search."""
     if opts.sessions:
-        return sweep(leg, play, opts.sessions, time_scale)
-    return search(leg, play, opts.slo, opts.limit, time_scale)
+        return sweep(leg, play, opts.sessions, time_scale, meter)
+    return search(leg, play, opts.slo, opts.limit, time_scale, meter)
 
 
-def search(leg: str, play: Play, slo: Slo, limit: int = SEARCH_LIMIT, time_scale: float = 1.0) -> list[Point]:
+def search(leg: str, play: Play, slo: Slo, limit: int = SEARCH_LIMIT, time_scale: float = 1.0,
+           meter: Meter | None = None) -> list[Point]:
     """Double N while the SLO holds, then bisect between the last N within it and the first outside."""
     points: dict[int, Point] = {}
 
     def probe(n: int) -> bool:
         if n not in points:
-            points[n] = point(leg, n, play(n), time_scale)
+            points[n] = measured(leg, play, n, time_scale, meter)
         return points[n].within(slo)
 
     good, bad, n = 0, 0, 1
@@ -156,15 +200,42 @@ def largest_within(points: Sequence[Point], slo: Slo) -> int:
 def table(points: Sequence[Point], slo: Slo) -> list[str]:
     """Markdown: every point, then the largest N within the SLO per leg."""
     legs = list(dict.fromkeys(p.leg for p in points))
+    usage = any(p.engines for p in points)
+    extra = " GPU busy % | KV peak % |" if usage else ""
     lines = ["| leg | sessions | requests | failed | warm TTFT p50 | warm TTFT p90 | ITL p99 (largest gap) | "
-             "largest gap | within SLO |", "|---|---|---|---|---|---|---|---|---|"]
+             f"largest gap |{extra} within SLO |", "|---|---|---|---|---|---|---|---|---|" + ("---|---|" * usage)]
     for p in points:
+        cells = f" {busy_cell(p.engines)} | {kv_cell(p.engines)} |" if usage else ""
         lines.append(f"| {p.leg} | {p.sessions} | {p.requests} | {p.failed} | {_ms(p.ttft_p50)} | {_ms(p.ttft_p90)} "
-                     f"| {_ms(p.itl_p99)} | {_ms(p.itl_max)} | {'yes' if p.within(slo) else 'no'} |")
+                     f"| {_ms(p.itl_p99)} | {_ms(p.itl_max)} |{cells} {'yes' if p.within(slo) else 'no'} |")
     lines += ["", f"Largest number of sessions within the SLO ({slo.describe()}):", "",
               "| leg | sessions within SLO |", "|---|---|"]
     lines += [f"| {leg} | {largest_within([p for p in points if p.leg == leg], slo)} |" for leg in legs]
     return lines
+
+
+def _short(engine: str) -> str:
+    """prefill-0 -> P0, decode-1 -> D1, aggregated-0 -> A0."""
+    role, _, index = engine.rpartition("-")
+    return f"{role[:1].upper()}{index}" if role else engine
+
+
+def busy_cell(engines: Sequence[EngineUsage]) -> str:
+    """`P0 41, D0 87`: each engine's modelled busy %; "-" when none has a step model."""
+    parts = [f"{_short(e.engine)} {100 * e.busy:.0f}" for e in engines if e.busy is not None]
+    return ", ".join(parts) or "-"
+
+
+def kv_cell(engines: Sequence[EngineUsage]) -> str:
+    """`P0 12, D0 ≤85`: each engine's KV high-water %, with ≤ where the mark was set before this point (the point's
+    own peak was at most that)."""
+    parts = [f"{_short(e.engine)} {'' if e.kv_peak_in_span else '≤'}{100 * e.kv_peak:.0f}"
+             for e in engines if e.kv_peak is not None]
+    return ", ".join(parts) or "-"
+
+
+def _rounded(v: Any) -> Any:
+    return round(v, 2) if isinstance(v, float) and math.isfinite(v) else v
 
 
 def _ms(v: float) -> str:

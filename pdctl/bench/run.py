@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 from pdctl.bench import capacity, guards, probe
 from pdctl.bench.agent import play_sessions
 from pdctl.bench.client import ClientOptions, play
+from pdctl.bench.collect import UsageMeter
 from pdctl.bench.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.records import BenchResult, LegResult, RequestRecord
 from pdctl.bench.remote_play import play_on_node
@@ -225,7 +226,8 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
         leg.records += records
         return records
 
-    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap, scale)]
+    meter = UsageMeter.for_leg(ep, hosts, aggregated=topo.mode == "aggregated")
+    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap, scale, meter)]
     leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
     leg.failures = guards.check(leg, count_failed=False)
     leg.wall_s = time.monotonic() - started

@@ -117,14 +117,17 @@ class Engine:
         self.running = 0
         self.waiting = 0
         costs = steps.PROFILES.get(cfg.step_model or "")
-        self.steps = (StepLoop(costs, cfg.max_num_seqs, cfg.speed, cfg.max_num_batched_tokens)
+        self.steps = (StepLoop(costs, cfg.max_num_seqs, cfg.speed, cfg.max_num_batched_tokens, metrics.record_step)
                       if costs is not None and timing.time_scale(cfg.speed) else None)
+        if self.steps is not None:
+            metrics.enable_steps()
 
     def gauges(self) -> None:
         m = self.metrics
         m.lab(m.running).set(self.running)
         m.lab(m.waiting).set(self.waiting)
         m.lab(m.kv_usage).set(self.pool.usage())
+        m.record_kv(self.pool.num_blocks - self.pool.num_free, self.pool.num_blocks)
 
     def release_slot(self) -> None:
         self.running -= 1

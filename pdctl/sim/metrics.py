@@ -1,4 +1,5 @@
-"""Prometheus metrics under vLLM's names, and the periodic `KV Transfer metrics:` log line."""
+"""Prometheus metrics under vLLM's names, the step model's own under pdctl_sim_ names (what the capacity report's
+busy fraction and KV peak read), and the periodic `KV Transfer metrics:` log line."""
 
 from __future__ import annotations
 
@@ -63,7 +64,20 @@ class SimMetrics:
         self.encoded = Counter("pdctl_sim_encoded_prompt_tokens",
                                "Prompt tokens of generation requests encoded from text or a chat rendering "
                                "(token-id prompts skip the tokenizer).", labels, registry=r)
-        for metric in (self.aborted, self.running, self.waiting,
+        self.step_ms = Counter("pdctl_sim_step_modelled_ms", "Modelled time of every engine step, ms at speed 1 "
+                               "(--step-model).", labels, registry=r)
+        self.steps = Counter("pdctl_sim_steps", "Engine steps run (--step-model).", labels, registry=r)
+        self.step_prefill = Counter("pdctl_sim_step_prefill_tokens", "Prompt tokens computed in engine steps.",
+                                    labels, registry=r)
+        self.step_decode = Counter("pdctl_sim_step_decode_tokens", "Decode tokens computed in engine steps.",
+                                   labels, registry=r)
+        self.kv_in_use = Gauge("pdctl_sim_kv_blocks_in_use", "KV blocks held by requests or kept for a peer.",
+                               labels, registry=r)
+        self.kv_peak = Gauge("pdctl_sim_kv_blocks_peak", "Most KV blocks in use at once since the engine started.",
+                             labels, registry=r)
+        self.kv_blocks = Gauge("pdctl_sim_kv_num_gpu_blocks", "KV blocks the engine has.", labels, registry=r)
+        self._peak = 0
+        for metric in (self.kv_in_use, self.kv_peak, self.kv_blocks, self.aborted, self.running, self.waiting,
                        self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
@@ -74,6 +88,24 @@ class SimMetrics:
 
     def lab(self, metric: M) -> M:
         return metric.labels(**self._values)
+
+    def enable_steps(self) -> None:
+        """Show the step counters (at 0) only on an engine that runs the step model: without them a reader knows
+        the engine's busy time is not modelled, rather than reading 0."""
+        for metric in (self.step_ms, self.steps, self.step_prefill, self.step_decode):
+            self.lab(metric)
+
+    def record_step(self, ms: float, prefill_tokens: int, decode_tokens: int) -> None:
+        self.lab(self.step_ms).inc(ms)
+        self.lab(self.steps).inc()
+        self.lab(self.step_prefill).inc(prefill_tokens)
+        self.lab(self.step_decode).inc(decode_tokens)
+
+    def record_kv(self, in_use: int, num_blocks: int) -> None:
+        self._peak = max(self._peak, in_use)
+        self.lab(self.kv_in_use).set(in_use)
+        self.lab(self.kv_peak).set(self._peak)
+        self.lab(self.kv_blocks).set(num_blocks)
 
     def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:
         self.lab(self.xfer_time).observe(seconds)

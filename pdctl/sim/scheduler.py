@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdctl.sim import steps, timing
@@ -32,10 +33,24 @@ class StepStats:
     steps: int = 0
     modelled_ms: float = 0.0  # the sum of every step's modelled time, at speed 1
     batched_tokens: int = 0
+    prefill_tokens: int = 0  # of batched_tokens: prompt chunks
+    decode_tokens: int = 0  # of batched_tokens: one per decoding request per step
+
+    def add(self, ms: float, prefill_tokens: int, decode_tokens: int) -> None:
+        self.steps += 1
+        self.modelled_ms += ms
+        self.batched_tokens += prefill_tokens + decode_tokens
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+
+
+OnStep = Callable[[float, int, int], None]
+"""Called after each step is formed: its modelled ms, prefill tokens, decode tokens (e.g. to export them)."""
 
 
 class StepLoop:
-    def __init__(self, costs: steps.StepCosts, max_num_seqs: int, speed: float, budget: int | None = None) -> None:
+    def __init__(self, costs: steps.StepCosts, max_num_seqs: int, speed: float, budget: int | None = None,
+                 on_step: OnStep | None = None) -> None:
         self.costs = costs
         self.max_num_seqs = max_num_seqs
         self.budget = budget or costs.max_num_batched_tokens
@@ -43,6 +58,7 @@ class StepLoop:
         self.running: list[Ticket] = []
         self.waiting: list[Ticket] = []
         self.stats = StepStats()
+        self.on_step = on_step
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -85,9 +101,10 @@ class StepLoop:
                 self.waiting.remove(ticket)
                 self.running.append(ticket)
             ms = steps.step_ms(self.costs, batch.slots)
-            self.stats.steps += 1
-            self.stats.modelled_ms += ms
-            self.stats.batched_tokens += batch.num_tokens
+            decode_tokens = batch.decodes
+            self.stats.add(ms, batch.num_tokens - decode_tokens, decode_tokens)
+            if self.on_step is not None:
+                self.on_step(ms, batch.num_tokens - decode_tokens, decode_tokens)
             await self.pacer.wait_ms(ms)
             finished = steps.advance(batch)
             for slot in batch.slots:

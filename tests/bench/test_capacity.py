@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from pdctl.bench import capacity
 from pdctl.bench.capacity import Point, Slo
+from pdctl.bench.collect import EngineUsage
 from pdctl.bench.records import RequestRecord
 from pdctl.cli import app
 from pdctl.errors import UsageError
@@ -67,6 +68,40 @@ def test_largest_within_stops_at_the_first_point_outside() -> None:
     assert capacity.largest_within([Point("x", 1, 1, 0, 1.0, math.nan, 1.0, 1.0)], Slo(ttft_p90=5)) == 0
 
 
+class FakeMeter:
+    """Two engines whose busy fraction grows with the point's session count; the decode's KV mark is set at 2."""
+
+    def __init__(self) -> None:
+        self.spans: list[float] = []
+        self.n = 0
+
+    def start(self) -> None:
+        self.n += 1
+
+    def stop(self, span_ms: float) -> tuple[EngineUsage, ...]:
+        self.spans.append(span_ms)
+        return (EngineUsage("prefill-0", 0.1 * self.n, 100, 0, 0.05, True),
+                EngineUsage("decode-0", 0.2 * self.n, 10, 200, 0.5, self.n <= 2))
+
+
+def test_each_point_records_its_engines_and_the_table_shows_busy_and_kv_peak() -> None:
+    meter = FakeMeter()
+    points = capacity.sweep("x", fake_play(2, []), [1, 2, 4], time_scale=4.0, meter=meter)
+    assert len(meter.spans) == 3 and all(s >= 0 for s in meter.spans)
+    assert [p.engines[1].busy for p in points] == [0.2, 0.4, pytest.approx(0.6)]
+    assert Point.from_json(points[1].to_json()) == points[1] == Point(**points[1].to_json())
+    lines = capacity.table(points, SLO)
+    assert lines[0].endswith("| largest gap | GPU busy % | KV peak % | within SLO |")
+    assert lines[1] == "|---|---|---|---|---|---|---|---|---|---|---|"
+    assert lines[2] == "| x | 1 | 2 | 0 | 400 | 400 | 200 | 200 | P0 10, D0 20 | P0 5, D0 50 | yes |"
+    assert lines[4] == "| x | 4 | 8 | 0 | 4000 | 4000 | 200 | 200 | P0 30, D0 60 | P0 5, D0 ≤50 | no |"
+    # engines without the sim's counters (a real vLLM): "-", and no columns at all when no point has any
+    bare = Point("x", 1, 1, 0, 1.0, 1.0, 1.0, 1.0, (EngineUsage("decode-0", None, None, None, None),))
+    assert capacity.table([bare], SLO)[2].endswith("| 1 | 1 | - | - | yes |")
+    assert "GPU busy %" not in capacity.table([Point("x", 1, 1, 0, 1.0, 1.0, 1.0, 1.0)], SLO)[0]
+    assert "engines" not in Point("x", 1, 1, 0, 1.0, 1.0, 1.0, 1.0).to_json()
+
+
 AGENT = ["--turns", "3", "--output-tokens", "4", "--system-tokens", "64", "--tool-tokens", "8-24",
          "--think-s", "0.2-0.5", "--arrival-rate", "5"]
 
@@ -76,7 +111,7 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     out = tmp_path / "sweep"
     legs = ["--leg", "on:connector.bidirectional_kv_xfer=true", "--leg", "agg:mode=aggregated"]
     args = ["bench", "-t", str(sim_topology), *AGENT, "--sweep", "sessions=1,3", "--slo", "ttft_p90=60000",
-            "--out", str(out), "--json", *legs]
+            "--out", str(out), "--json", "--set", "sim.args=[--step-model, h200-graphs]", *legs]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads((out / "legs.json").read_text())
@@ -84,6 +119,19 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     on, agg = data["legs"]
     assert [p["sessions"] for p in on["capacity"]] == [1, 3] == [p["sessions"] for p in agg["capacity"]]
     assert all(p["requests"] == 3 * p["sessions"] and p["failed"] == 0 for p in on["capacity"] + agg["capacity"])
+    # each engine's modelled busy fraction, tokens and KV mark per point, from the sim's step counters
+    assert [[e["engine"] for e in p["engines"]] for p in on["capacity"]] == [["prefill-0", "decode-0"]] * 2
+    assert [[e["engine"] for e in p["engines"]] for p in agg["capacity"]] == [["aggregated-0"]] * 2
+    for p in on["capacity"] + agg["capacity"]:
+        assert all(0 < e["busy"] < 1 and 0 < e["kv_peak"] < 1 for e in p["engines"])
+        assert all(e["steps"] > 0 for e in p["engines"])
+    prefill, decode = on["capacity"][1]["engines"]
+    # 9 turns at 3 sessions: the prefill samples each turn's first token in its last prompt step; the decode
+    # computes what it did not pull, samples the first token again and decodes the other 3 of the 4 output tokens
+    assert prefill["decode_tokens"] == 0 < decode["prefill_tokens"] < prefill["prefill_tokens"]
+    assert decode["decode_tokens"] == 9 * 3
+    (one,) = agg["capacity"][1]["engines"]
+    assert one["prefill_tokens"] > 0 and one["decode_tokens"] == 9 * 3
     records = json.loads((out / "requests.json").read_text())
     assert {r["reuse"] for r in records if r["leg"] == "on" and r["turn"] >= 1} == {"hit"}
     # sessions share the system prompt and each turn's prompt extends the last
@@ -91,6 +139,7 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     report = (out / "report.md").read_text()
     assert "## Capacity: agent sessions per leg (simulated)" in report
     assert "| on | 3 |" in report and "| agg | 3 |" in report  # the largest N within the SLO per leg
+    assert "| largest gap | GPU busy % | KV peak % | within SLO |" in report
     assert (out / "goodput.png").stat().st_size > 0
 
     searched = tmp_path / "search"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.collect import kv_from_log, nixl_delta
+from pdctl.bench.collect import EngineUsage, kv_from_log, nixl_delta, usage_delta
 from pdctl.engine_metrics import has_nixl, parse_kv_log_line, parse_prometheus
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -68,3 +68,36 @@ def test_prometheus_delta_between_scrapes_and_over_a_restart() -> None:
     restarted = parse_prometheus('vllm:nixl_xfer_time_seconds_count{engine="0"} 1\n')
     assert nixl_delta(before, restarted).transfers == 1
 
+
+
+SIM_BEFORE = {"pdctl_sim_step_modelled_ms_total": 1000.0, "pdctl_sim_steps_total": 10.0,
+              "pdctl_sim_step_prefill_tokens_total": 500.0, "pdctl_sim_step_decode_tokens_total": 40.0,
+              "pdctl_sim_kv_blocks_peak": 100.0, "pdctl_sim_kv_num_gpu_blocks": 1000.0}
+
+
+def test_usage_over_a_span_from_the_sim_step_counters() -> None:
+    after = {**SIM_BEFORE, "pdctl_sim_step_modelled_ms_total": 4000.0, "pdctl_sim_steps_total": 60.0,
+             "pdctl_sim_step_prefill_tokens_total": 2500.0, "pdctl_sim_step_decode_tokens_total": 90.0,
+             "pdctl_sim_kv_blocks_peak": 250.0}
+    u = usage_delta("decode-0", SIM_BEFORE, after, span_ms=6000.0)
+    assert u == EngineUsage("decode-0", busy=0.5, prefill_tokens=2000, decode_tokens=50, kv_peak=0.25,
+                            kv_peak_in_span=True, steps=50)
+    assert EngineUsage.from_json(u.to_json()) == u
+    # the mark did not move: it was set before the span, whose own peak was at most it
+    same = usage_delta("decode-0", after, after, span_ms=6000.0)
+    assert same is not None and same.busy == 0.0 and same.steps == 0 and same.kv_peak == 0.25
+    assert not same.kv_peak_in_span
+
+
+def test_usage_is_none_where_the_engine_has_no_such_counters() -> None:
+    vllm = {"vllm:num_requests_running": 3.0, "vllm:kv_cache_usage_perc": 0.4}
+    assert usage_delta("prefill-0", vllm, vllm, span_ms=1000.0) is None
+    # a simulator without the step model: the KV mark, but no busy time rather than 0
+    no_steps = {"pdctl_sim_kv_blocks_peak": 50.0, "pdctl_sim_kv_num_gpu_blocks": 500.0}
+    u = usage_delta("prefill-0", {}, no_steps, span_ms=1000.0)
+    assert u == EngineUsage("prefill-0", busy=None, prefill_tokens=None, decode_tokens=None, kv_peak=0.1,
+                            kv_peak_in_span=True)
+    # restarted in the span (the step counter went down): the deltas are unknown
+    restarted = {**SIM_BEFORE, "pdctl_sim_steps_total": 3.0, "pdctl_sim_step_modelled_ms_total": 90.0}
+    u = usage_delta("decode-0", SIM_BEFORE, restarted, span_ms=1000.0)
+    assert u is not None and u.busy is None and u.prefill_tokens is None and u.steps is None
