@@ -46,3 +46,10 @@ prefill's prefix caching on, the default, it held the most sessions on the simul
 
 LOCAL_BUSY_STREAMS = 4
 """local_policy load: requests in flight from which a decode counts as busy."""
+
+PIN_BUDGET_TOKENS = 114_688
+"""Tokens of KV that the router lets its live handles pin on one decode before it releases that decode's least
+recently used ones: half of what one H200 decode holds for Qwen3-32B (229,376 tokens, 896 blocks of 256,
+reference/anchor-measurements.md), so pins of idle conversations leave at least half of such a decode to the turns
+it runs. A fixed number, as the router does not read an engine's capacity; set it per deployment (about half of
+the decode's `num_gpu_blocks` x `block_size`). 0: no budget (handles dropped unread are still released)."""

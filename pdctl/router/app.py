@@ -71,6 +71,7 @@ class Dispatcher:
             transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )
+        self.state.releaser.client = self.state.client
         self._tasks = [asyncio.create_task(tasks.health_loop(self.state)),
                        asyncio.create_task(tasks.sweep_loop(self.state))]
         self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
@@ -83,6 +84,7 @@ class Dispatcher:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self.state.releaser.close()
         if self.state.client is not None:
             await self.state.client.aclose()
 
