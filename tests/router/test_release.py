@@ -96,6 +96,25 @@ def test_over_the_pin_budget_the_least_recent_conversation_is_released(tmp_path:
         assert router.stats()["reuse_reasons"]["released"] == 1
 
 
+def test_a_handle_a_turn_took_but_did_not_read_is_released_on_a_stock_prefill(tmp_path: Path) -> None:
+    # verify_at router, with a prefill that lacks pdctl's prefix check (a vLLM pdctl did not patch): an edited
+    # history is a miss decided at the router, so no prefill gets the handle the turn took; the release frees it.
+    with sim_pair(tmp_path, speed=SPEED, block_size=BLOCK, num_blocks=NUM_BLOCKS,
+                  prefill_args=("--no-prefix-check", "--kv-transfer-config",
+                                kv_config("prefill", threshold=0, lease=LEASE_S))) as pd, \
+            router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--verify-at", "router") as router:
+        conv = turn(router, uuid.uuid4().hex, words=60)
+        first = used_blocks(pd.decode)
+        conv.messages[0]["content"] = "an edited first question " * 40
+        reply = conv.turn("a second question")
+        assert (reply.outcome, reply.reason) == ("miss", "prefix_diverged")
+        assert eventually(lambda: router.stats()["releases"] == {"unread": 1}), router.stats()["releases"]
+        # Only the new handle pins: without the release the first turn's blocks would be there too.
+        assert eventually(lambda: used_blocks(pd.decode) == pinned(router)), (used_blocks(pd.decode), first)
+        reply = conv.turn("a third question")
+        assert (reply.outcome, reply.reason) == ("hit", "verified")  # the new handle is the one kept
+
+
 def test_a_release_to_a_dead_prefill_fails_no_turn(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # listed first and never ejected: the release's first choice
     with fresh(tmp_path, "--max-handles", "1", "--health-interval", "3600", "--eject-after", "1000",
