@@ -14,14 +14,18 @@ tests/fixtures/vllm-0.26.0/.../nixl/pull_scheduler.py:
   local node. We need to call send_notif in _read_blocks to free the memory on the remote node"): the decode frees
   the handle's blocks when that notify arrives (single use: pull_worker `_get_new_notifs`).
 - `request_finished`: `is_p_node = do_remote_decode`, and a FINISHED_LENGTH_CAPPED request keeps its own blocks
-  for a decode's pull until `kv_lease_duration` (30 s; no decode heartbeats it). Nothing in 0.26.0 avoids that for
-  a request that notifies (do_remote_decode false skips the D->P branch; do_remote_prefill true makes the prefill
-  pull as a decode would and then keep its blocks `decoder_kv_blocks_ttl`), so the release's prompt is one token
-  id: the prefill computes one token and holds one block for at most `kv_lease_duration`.
+  for a decode's pull until `kv_lease_duration` (30 s; no decode heartbeats it). Nothing in stock 0.26.0 avoids
+  that for a request that notifies (do_remote_decode false skips the D->P branch; do_remote_prefill true makes
+  the prefill pull as a decode would and then keep its blocks `decoder_kv_blocks_ttl`), so the release's prompt is
+  one token id: the prefill computes one token and holds one block. pdctl's patch (pdctl.vllm_compat) frees that
+  block at finish for a request marked `pdctl_release`, as `request_finished` frees an aborted one
+  (`_reqs_not_processed`, `return False, None`); the notify went out when the request was scheduled.
 
-Without pdctl's prefix check (`router.verify_at: router`, a stock vLLM) the same request works: it carries no
-`pdctl_prefix` spec, so the patched check does not run either way, and `remote_num_tokens` 0 is read as it is.
-`remote_blocks_expiry_time` is left out, so no prefill declines the notify as an expired read.
+Without pdctl's patch (`router.verify_at: router` on a stock vLLM) the decode is freed just the same: the release
+carries no `pdctl_prefix` spec, `remote_num_tokens` 0 is read as it is, and the unknown `pdctl_release` key is
+ignored; only the prefill's one block stays for `kv_lease_duration`. `remote_blocks_expiry_time` is left out, so
+no prefill declines the notify as an expired read. tests/unit/test_vllm_compat_scheduler.py runs this request
+through the fixture's real scheduler code, stock and patched.
 
 Releases run as background tasks, `release_concurrency` at a time, never on a turn's path; each goes to the least
 loaded healthy prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
@@ -47,6 +51,8 @@ log = logging.getLogger("pdctl.router")
 
 TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
+# Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
+RELEASE_FIELD = "pdctl_release"
 
 
 def release_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +62,7 @@ def release_params(params: dict[str, Any]) -> dict[str, Any]:
     out["do_remote_decode"] = True
     out["do_remote_prefill"] = False
     out["remote_num_tokens"] = 0
+    out[RELEASE_FIELD] = True
     return out
 
 

@@ -143,15 +143,15 @@ def _handle_from_decode(pd: SimPair, prompt: list[int]) -> dict[str, Any]:
     return params
 
 
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "with-a-stale-spec"])
-def test_the_release_request_computes_one_token_and_frees_the_decode(tmp_path: Path, spec: bool) -> None:
+@pytest.mark.parametrize("patched", [True, False], ids=["patched-prefill", "stock-prefill"])
+def test_the_release_request_computes_one_token_and_frees_the_decode(tmp_path: Path, patched: bool) -> None:
+    flags = () if patched else ("--no-prefix-check",)  # the simulator's stand-in for pdctl's patch to vLLM
     with sim_pair(tmp_path, speed=SPEED, block_size=BLOCK, num_blocks=NUM_BLOCKS,
-                  prefill_args=("--kv-transfer-config", kv_config("prefill", threshold=0, lease=LEASE_S))) as pd:
+                  prefill_args=(*flags, "--kv-transfer-config", kv_config("prefill", threshold=0, lease=LEASE_S))) \
+            as pd:
         params = _handle_from_decode(pd, list(range(100, 300)))
-        if spec:  # a handle stored with its digests (verify_at prefill): the release leaves them out
-            params["pdctl_prefix"] = {"v": 1, "n": 1}
-        held = used_blocks(pd.decode)
-        assert held == -(-(200 + 7) // BLOCK)
+        params["pdctl_prefix"] = {"v": 1, "n": 1}  # a handle stored with its digests: the release leaves them out
+        assert used_blocks(pd.decode) == -(-(200 + 7) // BLOCK)
         assert eventually(lambda: used_blocks(pd.prefill) == 0)  # the turn's own lease ran out
         computed = pd.prefill.metric("vllm:prompt_tokens_total")
         h = Handle("c", params, pd.decode_url, array("i", [100, 101]), 0.0, 1.0)
@@ -160,9 +160,11 @@ def test_the_release_request_computes_one_token_and_frees_the_decode(tmp_path: P
         assert pd.prefill.metric("vllm:prompt_tokens_total") - computed == 1
         assert pd.prefill.metric("vllm:nixl_bytes_transferred_count") == 0  # nothing read from the decode
         assert eventually(lambda: used_blocks(pd.decode) == 0), used_blocks(pd.decode)
-        # As vLLM 0.26.0: the release's own one block waits for a decode's pull until kv_lease_duration.
-        assert used_blocks(pd.prefill) <= 1
-        assert eventually(lambda: used_blocks(pd.prefill) == 0)
+        if patched:
+            assert used_blocks(pd.prefill) == 0 and r.json().get("kv_transfer_params") is None
+        else:  # as stock vLLM 0.26.0: the release's one block waits for a decode's pull until kv_lease_duration
+            assert used_blocks(pd.prefill) == 1
+            assert eventually(lambda: used_blocks(pd.prefill) == 0)
 
 
 def test_release_params_name_the_blocks_and_ask_for_nothing() -> None:
@@ -172,7 +174,7 @@ def test_release_params_name_the_blocks_and_ask_for_nothing() -> None:
     out = release_params(params)
     assert out == {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [[3, 4]],
                    "remote_engine_id": "d", "remote_request_id": "r", "remote_host": "h", "remote_port": 1,
-                   "remote_num_tokens": 0, "tp_size": 1}
+                   "remote_num_tokens": 0, "tp_size": 1, "pdctl_release": True}
     assert params["remote_num_tokens"] == 40  # the handle itself is untouched
     body = release_body(Handle("c", params, "http://d", None, 0.0, 1.0), "m")
     assert (body["prompt"], body["max_tokens"], body["stream"], body["model"]) == ([0], 1, False, "m")
