@@ -53,6 +53,8 @@ class RouterMetrics:
         self.live_handles = Gauge("pdctl_router_live_handles", "Decode handles the router holds.", registry=r)
         self.healthy = Gauge("pdctl_router_upstream_healthy", "1 if the upstream is in its pool.", ["role", "index"],
                              registry=r)
+        self.pinned = Gauge("pdctl_router_pinned_tokens", "Decode KV tokens the router's live handles pin (whole "
+                            "blocks).", ["index"], registry=r)
         self.releases = ReleaseMetrics(r)
         self.started = time.monotonic()
         self.requests_total = 0
@@ -104,11 +106,14 @@ class RouterMetrics:
             version=__version__,
         ).to_json()
 
-    def exposition(self, live_handles: int, prefill: Pool, decode: Pool) -> bytes:
+    def exposition(self, live_handles: int, prefill: Pool, decode: Pool,
+                   pinned: dict[str, int] | None = None) -> bytes:
         self.live_handles.set(live_handles)
         for pool in (prefill, decode):
             for i, u in enumerate(pool.members):
                 self.healthy.labels(pool.role, str(i)).set(1 if u.healthy else 0)
+        for i, u in enumerate(decode.members):
+            self.pinned.labels(str(i)).set((pinned or {}).get(u.url, 0))
         return generate_latest(self.registry)
 
 

@@ -61,6 +61,9 @@ def test_an_evicted_handle_frees_its_blocks_on_the_decode(tmp_path: Path) -> Non
         assert held_b > held_a
         assert eventually(lambda: used_blocks(pd.decode) == held_b), (used_blocks(pd.decode), held_a, held_b)
         assert router.stats()["releases"] == {"evicted": 1}
+        text = httpx.get(f"{router.url}/metrics", timeout=10).text
+        assert 'pdctl_router_kv_releases_total{reason="evicted",result="sent"} 1.0' in text
+        assert f'pdctl_router_pinned_tokens{{index="0"}} {held_b * BLOCK:.1f}' in text
         reply = a.turn("and then?")
         assert (reply.outcome, reply.reason) == ("miss", "evicted")
 
