@@ -16,6 +16,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
     VERIFY_AT,
     VERIFY_PREFIX,
@@ -258,6 +259,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv.append("--no-release")
     elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:
         argv += ["--pin-budget-tokens", str(r.pin_budget_tokens)]
+    elif r.pin_budget_fraction != PIN_BUDGET_FRACTION:
+        argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():

@@ -13,9 +13,9 @@ died since, its blocks are gone or hold someone else's tokens, and the handle is
 
 Every handle the table drops unread (replaced, evicted, expired) still pins its blocks on the decode: `on_drop`
 hears of it with the reason, and the router releases them (pdctl.router.release). The table also keeps each
-decode's pinned tokens (pdctl.router.pins); a handle that takes its decode over `budget` drops that decode's least
-recently used handles (reason `pressure`, next turn's miss `released`). A handle whose decode restarted is dropped
-without a word: its blocks went with the process.
+decode's pinned tokens (pdctl.router.pins); a handle that takes its decode over its `budget` (by decode URL) drops
+that decode's least recently used handles (reason `pressure`, next turn's miss `released`). A handle whose decode
+restarted is dropped without a word: its blocks went with the process.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class KeyIndex(Protocol):
 class HandleTable:
     def __init__(
         self, max_size: int, clock: Callable[[], float] = time.monotonic, index: KeyIndex | None = None,
-        on_drop: Dropped | None = None, budget: int = 0, block_size: int = 1,
+        on_drop: Dropped | None = None, budget: Callable[[str], int] | None = None, block_size: int = 1,
     ) -> None:
         self.max_size = max_size
         self.clock = clock
@@ -141,7 +141,8 @@ class HandleTable:
         """Release the least recently used handles of `newest`'s decode while it is over the budget."""
         url = newest.decode_url
         lru = ((c, self._pins(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest)
-        for cid in over_budget(lru, self._pinned.get(url, 0), self.budget):
+        budget = self.budget(url) if self.budget is not None else 0
+        for cid in over_budget(lru, self._pinned.get(url, 0), budget):
             h = self._live.pop(cid)
             self._dropped(h)
             self.mark(cid, RELEASED)

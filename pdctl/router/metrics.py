@@ -84,8 +84,8 @@ class RouterMetrics:
     def error(self, role: str, kind: str) -> None:
         self.upstream_errors.labels(role, kind).inc()
 
-    def stats(self, live_handles: int, prefill: Pool, decode: Pool,
-              pinned: dict[str, int] | None = None) -> dict[str, object]:
+    def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
+              budgets: dict[str, int] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         return RouterStats(
@@ -98,6 +98,7 @@ class RouterMetrics:
             eligible_turns=self.eligible,
             live_handles=live_handles,
             pinned_tokens=pinned or {},
+            pin_budget_tokens=budgets or {},
             releases=dict(self.releases.sent),
             releases_failed=self.releases.failed,
             prefill=_upstreams(prefill),

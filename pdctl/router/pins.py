@@ -8,7 +8,11 @@ blocks in full, an upper bound, so it releases early rather than late and the de
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def pinned_tokens(num_tokens: int, block_size: int) -> int:
@@ -33,3 +37,22 @@ def over_budget(lru: Iterable[tuple[str, int]], pinned: int, budget: int) -> lis
         out.append(cid)
         pinned -= tokens
     return out
+
+
+def kv_capacity(metrics: str) -> int | None:
+    """A vLLM engine's KV capacity in tokens (num_gpu_blocks x block_size) from its /metrics text, if it says."""
+    m = _INFO.search(metrics)
+    if m is None:
+        return None
+    labels = dict(_LABEL.findall(m.group(1)))
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else None
+
+
+def budget_for(tokens: int, fraction: float, capacity: int | None) -> int:
+    """A decode's pin budget: `tokens` when set, else `fraction` of its capacity (0, no budget, when unknown)."""
+    if tokens > 0:
+        return tokens
+    if fraction <= 0 or capacity is None:
+        return 0
+    return max(1, int(capacity * fraction))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from pdctl.router.admission import Gate
+from pdctl.router.capacity import Capacities
 from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
 from pdctl.router.handles import Handle, HandleTable
@@ -31,6 +32,7 @@ class RouterState:
     prefill_gate: Gate
     decode_gate: Gate
     releaser: Releaser
+    capacities: Capacities
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
 
@@ -42,6 +44,7 @@ class RouterState:
         metrics = RouterMetrics()
         releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
                             config.release)
+        capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
         return cls(
             config=config,
             prefill=prefill,
@@ -50,13 +53,14 @@ class RouterState:
             decode_policy=HolderFirst(config.load_factor),
             index=index,
             handles=HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
-                                budget=config.pin_budget_tokens if config.release else 0,
+                                budget=capacities.budget if config.release else None,
                                 block_size=config.block_size),
             responses=ResponseStore(config.handle_lifetime, config.max_handles),
             metrics=metrics,
             prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
             decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
             releaser=releaser,
+            capacities=capacities,
         )
 
     @property
@@ -71,4 +75,5 @@ class RouterState:
         return u is None or not u.healthy or u.generation != h.generation
 
     def stats(self) -> dict[str, object]:
-        return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned())
+        return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
+                                  self.capacities.budgets(self.decode) if self.config.release else {})

@@ -146,6 +146,7 @@ class RouterStats:
     eligible_turns: int = 0
     live_handles: int = 0
     pinned_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> tokens its live handles pin
+    pin_budget_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> its budget (none: absent)
     releases: Mapping[str, int] = field(default_factory=dict)  # why -> releases sent (pdctl.router.release)
     releases_failed: int = 0  # releases that did not reach a prefill or that it refused
     prefill: tuple[UpstreamStats, ...] = ()
@@ -176,6 +177,7 @@ class RouterStats:
             "eligible_turns": self.eligible_turns,
             "live_handles": self.live_handles,
             "pinned_tokens": dict(self.pinned_tokens),
+            "pin_budget_tokens": dict(self.pin_budget_tokens),
             "releases": dict(self.releases),
             "releases_failed": self.releases_failed,
             "prefill": [_upstream_json(u) for u in self.prefill],
@@ -199,6 +201,7 @@ class RouterStats:
             eligible_turns=_int(d, "eligible_turns"),
             live_handles=_int(d, "live_handles"),
             pinned_tokens=_counts(d, "pinned_tokens"),
+            pin_budget_tokens=_counts(d, "pin_budget_tokens"),
             releases=_counts(d, "releases"),
             releases_failed=_int(d, "releases_failed"),
             prefill=_upstreams(d, "prefill"),

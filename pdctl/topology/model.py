@@ -17,6 +17,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
     ROUTER_PORT,
     UCX_BLOCK_SIZE,
@@ -241,8 +242,15 @@ class Router(Strict):
         ge=0,
         description="Tokens of KV the router's live handles may pin on one decode; a handle that takes a decode "
         "past it releases that decode's least recently used handles (their next turn is a miss, released). "
-        "Default 114688: half of an H200 decode's KV for Qwen3-32B; set about half the decode's num_gpu_blocks x "
-        "block_size. 0: no budget (dropped handles are still released).",
+        "0 (the default): pin_budget_fraction of the decode's KV.",
+    )
+    pin_budget_fraction: float = Field(
+        PIN_BUDGET_FRACTION,
+        ge=0,
+        le=1,
+        description="With pin_budget_tokens 0: the budget is this fraction of each decode's KV (num_gpu_blocks x "
+        "block_size, which the router reads from the decode's /metrics). Default 0.5: the other half stays for the "
+        "turns the decode runs. 0: no budget (dropped handles are still released).",
     )
 
     conversation_headers: list[str] | None = Field(

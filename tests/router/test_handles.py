@@ -138,7 +138,7 @@ def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
 
     dropped: list[tuple[str, str]] = []
     table = HandleTable(8, clock=lambda: 0.0, on_drop=lambda h, why: dropped.append((h.conversation, why)),
-                        budget=64, block_size=16)
+                        budget=lambda url: 64, block_size=16)
     table.put(pinning("a", 30))
     table.put(pinning("other", 64, "http://d1"))  # another decode's pins count against its own budget
     table.put(pinning("b", 20))

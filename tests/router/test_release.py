@@ -81,9 +81,13 @@ def test_a_replaced_handle_frees_its_blocks_on_the_decode(tmp_path: Path) -> Non
         assert pinned(router) > 0
 
 
-def test_over_the_pin_budget_the_least_recent_conversation_is_released(tmp_path: Path) -> None:
+@pytest.mark.parametrize("knob", [("--pin-budget-tokens", str(20 * BLOCK)),
+                                  ("--pin-budget-fraction", f"{20 / NUM_BLOCKS:g}")], ids=["tokens", "fraction"])
+def test_over_the_pin_budget_the_least_recent_conversation_is_released(tmp_path: Path, knob: tuple[str, str]) -> None:
     budget = 20
-    with fresh(tmp_path, "--pin-budget-tokens", str(budget * BLOCK)) as (pd, router):
+    with fresh(tmp_path, *knob) as (pd, router):
+        # a fraction of the decode's capacity, read from its /metrics (vllm:cache_config_info)
+        assert eventually(lambda: router.stats()["pin_budget_tokens"] == {pd.decode_url: budget * BLOCK})
         first = turn(router, uuid.uuid4().hex, words=100)
         per = pinned(router)
         assert 2 * per <= budget < 3 * per, per  # two conversations fit the budget, a third does not
