@@ -6,20 +6,20 @@ read. vLLM 0.26.0 frees a decode's retained blocks early only on a prefill's NIX
 completion to a prefill carrying the handle such that the prefill reads nothing and notifies the decode. In
 tests/fixtures/vllm-0.26.0/.../nixl/pull_scheduler.py:
 
-- `get_num_new_matched_tokens`: with `do_remote_decode` true, the block ids and the four `remote_*` keys, the
-  D->P count is `min(remote_num_tokens, num_prompt_tokens) - num_computed_tokens`; the release sends
+- `get_num_new_matched_tokens` (lines 71-110): with `do_remote_decode` true, the block ids and the four `remote_*`
+  keys, the D->P count is `min(remote_num_tokens, num_prompt_tokens) - num_computed_tokens`; the release sends
   `remote_num_tokens` 0, so the count is 0 and the prefill returns `(0, False)`: nothing to read, no wait.
-- `update_state_after_alloc`: `do_remote_decode` + `is_bidirectional_kv_xfer_enabled` + not yet processed, with
-  those keys present, puts the request in `_reqs_need_recv` with no local blocks ("a full prefix cache hit on the
-  local node. We need to call send_notif in _read_blocks to free the memory on the remote node"): the decode frees
-  the handle's blocks when that notify arrives (single use: pull_worker `_get_new_notifs`).
-- `request_finished`: `is_p_node = do_remote_decode`, and a FINISHED_LENGTH_CAPPED request keeps its own blocks
-  for a decode's pull until `kv_lease_duration` (30 s; no decode heartbeats it). Nothing in stock 0.26.0 avoids
-  that for a request that notifies (do_remote_decode false skips the D->P branch; do_remote_prefill true makes
-  the prefill pull as a decode would and then keep its blocks `decoder_kv_blocks_ttl`), so the release's prompt is
-  one token id: the prefill computes one token and holds one block. pdctl's patch (pdctl.vllm_compat) frees that
-  block at finish for a request marked `pdctl_release`, as `request_finished` frees an aborted one
-  (`_reqs_not_processed`, `return False, None`); the notify went out when the request was scheduled.
+- `update_state_after_alloc` (lines 134-162): `do_remote_decode` + `is_bidirectional_kv_xfer_enabled` + not yet
+  processed, with those keys present, puts the request in `_reqs_need_recv` with no local blocks ("a full prefix
+  cache hit on the local node. We need to call send_notif in _read_blocks to free the memory on the remote node"):
+  the decode frees the handle's blocks when that notify arrives (single use: pull_worker `_get_new_notifs`).
+- `request_finished` (lines 203, 225-258): `is_p_node = do_remote_decode`, and a FINISHED_LENGTH_CAPPED request
+  keeps its own blocks for a decode's pull until `kv_lease_duration` (30 s; no decode heartbeats it). Nothing in
+  stock 0.26.0 avoids that for a request that notifies (do_remote_decode false skips the D->P branch;
+  do_remote_prefill true makes the prefill pull as a decode would and then keep its blocks `decoder_kv_blocks_ttl`),
+  so the release's prompt is one token id: the prefill computes one token and holds one block. pdctl's patch
+  (pdctl.vllm_compat) frees that block at finish for a request marked `pdctl_release`, as `request_finished` frees
+  an aborted one (`_reqs_not_processed`, `return False, None`); the notify went out when the request was scheduled.
 
 Without pdctl's patch (`router.verify_at: router` on a stock vLLM) the decode is freed just the same: the release
 carries no `pdctl_prefix` spec, `remote_num_tokens` 0 is read as it is, and the unknown `pdctl_release` key is
