@@ -75,12 +75,6 @@ class SimMetrics:
     def lab(self, metric: M) -> M:
         return metric.labels(**self._values)
 
-    def cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
-        """vLLM's info gauge of the KV cache's shape (the router reads the decode's capacity from it)."""
-        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
-                     ["engine", "block_size", "num_gpu_blocks"], registry=self.registry)
-        info.labels("0", str(block_size), str(num_gpu_blocks)).set(1)
-
     def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:
         self.lab(self.xfer_time).observe(seconds)
         self.lab(self.post_time).observe(post_s)
@@ -95,6 +89,12 @@ class SimMetrics:
     def record_expired(self) -> None:
         self.lab(self.expired).inc()
         self.stats.expired += 1
+
+    def cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's info gauge of the KV cache's shape (the router reads the decode's capacity from it)."""
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+                     ["engine", "block_size", "num_gpu_blocks"], registry=self.registry)
+        info.labels("0", str(block_size), str(num_gpu_blocks)).set(1)
 
 
 @dataclass
