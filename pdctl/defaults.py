@@ -46,3 +46,14 @@ prefill's prefix caching on, the default, it held the most sessions on the simul
 
 LOCAL_BUSY_STREAMS = 4
 """local_policy load: requests in flight from which a decode counts as busy."""
+
+PIN_BUDGET_TOKENS = 0
+"""A fixed budget, in tokens, for the KV the router's live handles pin on one decode; 0: PIN_BUDGET_FRACTION of the
+decode's own capacity."""
+
+PIN_BUDGET_FRACTION = 0.5
+"""The pin budget as a fraction of each decode's KV (num_gpu_blocks x block_size from its /metrics
+`vllm:cache_config_info`, read once per decode process). Half: the other half stays for the turns the decode
+runs, each of which holds its whole context there while it generates; a decode whose every running conversation
+also has an idle pin splits its KV about evenly between the two. 0: no budget (handles dropped unread are still
+released)."""

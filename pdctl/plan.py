@@ -12,7 +12,15 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pdctl.defaults import LOCAL_BUSY_STREAMS, LOCAL_POLICY, LOCAL_PREFILL_TOKENS, VERIFY_AT, VERIFY_PREFIX
+from pdctl.defaults import (
+    LOCAL_BUSY_STREAMS,
+    LOCAL_POLICY,
+    LOCAL_PREFILL_TOKENS,
+    PIN_BUDGET_FRACTION,
+    PIN_BUDGET_TOKENS,
+    VERIFY_AT,
+    VERIFY_PREFIX,
+)
 from pdctl.markers import MARKER
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
@@ -247,6 +255,12 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
         argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
+    if not r.release:
+        argv.append("--no-release")
+    elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:
+        argv += ["--pin-budget-tokens", str(r.pin_budget_tokens)]
+    elif r.pin_budget_fraction != PIN_BUDGET_FRACTION:
+        argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():

@@ -71,8 +71,12 @@ class Dispatcher:
             transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),
         )
+        self.state.releaser.client = self.state.client
         self._tasks = [asyncio.create_task(tasks.health_loop(self.state)),
                        asyncio.create_task(tasks.sweep_loop(self.state))]
+        if self.state.capacities.needed:
+            self._tasks.append(asyncio.create_task(self.state.capacities.loop(
+                self.state.decode, self.state.client, cfg.health_interval, cfg.health_timeout)))
         self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
                         for u in self.state.decode.members]
         log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
@@ -83,6 +87,7 @@ class Dispatcher:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self.state.releaser.close()
         if self.state.client is not None:
             await self.state.client.aclose()
 

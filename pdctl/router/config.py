@@ -11,6 +11,8 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    PIN_BUDGET_FRACTION,
+    PIN_BUDGET_TOKENS,
     VERIFY_AT,
     VERIFY_PREFIX,
     VLLM_BLOCK_SIZE,
@@ -80,6 +82,22 @@ class RouterConfig:
     """Sent to the engines as `Authorization: Bearer`; they refuse everyone else. Given as --engine-key-file."""
     max_body_bytes: int = knob(32 * 1024 * 1024, "Larger request bodies get 413.")
     max_handles: int = knob(4096, "Most decode handles kept (least recently used go).")
+    release: bool = knob(
+        True,
+        "Free the decode KV of handles no turn will read (replaced, evicted, expired, unread, over the pin "
+        "budget) with a one-token request to a prefill, instead of leaving it pinned for decoder_kv_blocks_ttl.",
+    )
+    pin_budget_tokens: int = knob(
+        PIN_BUDGET_TOKENS,
+        "Tokens of KV the live handles may pin on one decode; past it the decode's least recently used handles "
+        "are released (the next turn of theirs is a miss, released). 0: --pin-budget-fraction of the decode's KV.",
+    )
+    pin_budget_fraction: float = knob(
+        PIN_BUDGET_FRACTION,
+        "With --pin-budget-tokens 0: the budget is this fraction of each decode's KV capacity (num_gpu_blocks x "
+        "block_size, from its /metrics vllm:cache_config_info, read once per decode process). 0: no budget.",
+    )
+    release_concurrency: int = knob(4, "Releases in flight at once (they run in the background, off every turn).")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
     eject_after: int = knob(3, "Consecutive failures that eject an upstream.")
@@ -133,6 +151,12 @@ class RouterConfig:
             problems.append(f"--local-policy must be one of {', '.join(POLICIES)}, got {self.local_policy!r}")
         if self.verify_at not in ("prefill", "router"):
             problems.append(f"--verify-at must be prefill or router, got {self.verify_at!r}")
+        if self.pin_budget_tokens < 0:
+            problems.append(f"--pin-budget-tokens must be >= 0, got {self.pin_budget_tokens}")
+        if not 0 <= self.pin_budget_fraction <= 1:
+            problems.append(f"--pin-budget-fraction must be between 0 and 1, got {self.pin_budget_fraction:g}")
+        if self.release_concurrency < 1:
+            problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if self.local_busy_streams < 1:
             problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):

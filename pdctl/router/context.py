@@ -43,6 +43,7 @@ class RequestContext:
     derivation: Derivation | None = None  # how a derived conversation id was found (to key the reply)
     taken: Taken = NOT_TAKEN  # the conversation's decode handle, taken for this turn
     released: bool = False  # the taken handle's lease is given back (once: the turn's end, or its failure)
+    spent: bool = False  # a prefill got the taken handle (it read the blocks or told the decode to free them)
     started: float = 0.0  # when the completion began (the TTFT metric's origin)
 
     @property

@@ -10,6 +10,12 @@ keep a bounded tombstone with the reason, so the next turn's miss says why (expi
 
 A handle also records the `generation` of the decode that issued it (upstreams.py): when that decode may have
 died since, its blocks are gone or hold someone else's tokens, and the handle is dropped unused (`RESTARTED`).
+
+Every handle the table drops unread (replaced, evicted, expired) still pins its blocks on the decode: `on_drop`
+hears of it with the reason, and the router releases them (pdctl.router.release). The table also keeps each
+decode's pinned tokens (pdctl.router.pins); a handle that takes its decode over its `budget` (by decode URL) drops
+that decode's least recently used handles (reason `pressure`, next turn's miss `released`). A handle whose decode
+restarted is dropped without a word: its blocks went with the process.
 """
 
 from __future__ import annotations
@@ -21,11 +27,17 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pdctl.router.pins import over_budget, pinned_tokens
 from pdctl.router.wire import DECODE_RESTARTED as RESTARTED
-from pdctl.router.wire import EVICTED, EXPIRED, NEW_CONVERSATION, NOT_ELIGIBLE, PREVIOUS_TURN_FAILED
+from pdctl.router.wire import EVICTED, EXPIRED, NEW_CONVERSATION, NOT_ELIGIBLE, PREVIOUS_TURN_FAILED, RELEASED
 from pdctl.router.wire import HANDLE_IN_USE as IN_USE
 
 Stale = Callable[["Handle"], bool]
+Dropped = Callable[["Handle", str], None]
+# Why a handle was dropped unread (the `reason` label of the router's release counters).
+REPLACED = "replaced"
+PRESSURE = "pressure"
+UNREAD = "unread"
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,11 @@ class Handle:
         n = self.params.get("remote_num_tokens")
         return n if isinstance(n, int) else 0
 
+    @property
+    def request_id(self) -> object:
+        """The decode's request whose blocks the handle names (the same in a handle put back after a local turn)."""
+        return self.params.get("remote_request_id")
+
 
 @dataclass(frozen=True)
 class Taken:
@@ -83,14 +100,19 @@ class KeyIndex(Protocol):
 
 class HandleTable:
     def __init__(
-        self, max_size: int, clock: Callable[[], float] = time.monotonic, index: KeyIndex | None = None
+        self, max_size: int, clock: Callable[[], float] = time.monotonic, index: KeyIndex | None = None,
+        on_drop: Dropped | None = None, budget: Callable[[str], int] | None = None, block_size: int = 1,
     ) -> None:
         self.max_size = max_size
         self.clock = clock
         self.index = index
+        self.on_drop = on_drop
+        self.budget = budget
+        self.block_size = block_size
         self._live: OrderedDict[str, Handle] = OrderedDict()
         self._tombs: OrderedDict[str, str] = OrderedDict()
         self._leased: dict[str, int] = {}
+        self._pinned: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -101,14 +123,41 @@ class HandleTable:
         old = self._live.pop(cid, None)
         if old is not None:
             self._dropped(old)
+            if old.request_id != handle.request_id:
+                self._unread(old, REPLACED)
         self._tombs.pop(cid, None)
         self._live[cid] = handle
+        self._pinned[handle.decode_url] = self._pinned.get(handle.decode_url, 0) + self._pins(handle)
         if self.index is not None and handle.derived_key is not None:
             self.index.add(handle.derived_key, cid)
         while len(self._live) > self.max_size:
             _, evicted = self._live.popitem(last=False)
             self._dropped(evicted)
             self.mark(evicted.conversation, EVICTED)
+            self._unread(evicted, EVICTED)
+        self._relieve(handle)
+
+    def _relieve(self, newest: Handle) -> None:
+        """Release the least recently used handles of `newest`'s decode while it is over the budget."""
+        url = newest.decode_url
+        lru = ((c, self._pins(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest)
+        budget = self.budget(url) if self.budget is not None else 0
+        for cid in over_budget(lru, self._pinned.get(url, 0), budget):
+            h = self._live.pop(cid)
+            self._dropped(h)
+            self.mark(cid, RELEASED)
+            self._unread(h, PRESSURE)
+
+    def pinned(self) -> dict[str, int]:
+        """Tokens the live handles pin, per decode URL (whole blocks, shared prefixes counted in full)."""
+        return {url: n for url, n in self._pinned.items() if n}
+
+    def _pins(self, h: Handle) -> int:
+        return pinned_tokens(h.num_tokens, self.block_size)
+
+    def _unread(self, h: Handle, reason: str) -> None:
+        if self.on_drop is not None:
+            self.on_drop(h, reason)
 
     def take(self, cid: str, stale: Stale | None = None) -> Taken:
         """Remove and return the conversation's handle if it is still alive, else why there is none.
@@ -119,6 +168,7 @@ class HandleTable:
             self._dropped(handle)
             if self.clock() >= handle.deadline:
                 self.mark(cid, EXPIRED)
+                self._unread(handle, EXPIRED)
                 return Taken(None, EXPIRED)
             if stale is not None and stale(handle):
                 self.mark(cid, RESTARTED)
@@ -151,8 +201,11 @@ class HandleTable:
         gone = [(cid, EXPIRED if now >= h.deadline else RESTARTED) for cid, h in self._live.items()
                 if now >= h.deadline or (stale is not None and stale(h))]
         for cid, reason in gone:
-            self._dropped(self._live.pop(cid))
+            h = self._live.pop(cid)
+            self._dropped(h)
             self.mark(cid, reason)
+            if reason == EXPIRED:
+                self._unread(h, EXPIRED)
         return len(gone)
 
     def get(self, cid: str) -> Handle | None:
@@ -160,5 +213,12 @@ class HandleTable:
         return self._live.get(cid)
 
     def _dropped(self, handle: Handle) -> None:
+        """`handle` left the table (taken or dropped): its blocks no longer count as pinned by a live handle."""
+        url = handle.decode_url
+        left = self._pinned.get(url, 0) - self._pins(handle)
+        if left > 0:
+            self._pinned[url] = left
+        else:
+            self._pinned.pop(url, None)
         if self.index is not None and handle.derived_key is not None:
             self.index.discard(handle.derived_key, handle.conversation)

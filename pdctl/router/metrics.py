@@ -14,6 +14,23 @@ from pdctl.router.wire import RouterStats, UpstreamStats
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+class ReleaseMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counter = Counter("pdctl_router_kv_releases", "Releases of decode KV no turn would read, by why the "
+                               "handle was dropped and result (sent, failed, skipped: its decode was down).",
+                               ["reason", "result"], registry=registry)
+        self.sent: Tally[str] = Tally()
+        self.failed = 0
+
+    def count(self, reason: str, result: str) -> None:
+        self.counter.labels(reason, result).inc()
+        if result == "sent":
+            self.sent[reason] += 1
+        elif result == "failed":
+            self.failed += 1
+
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -36,6 +53,9 @@ class RouterMetrics:
         self.live_handles = Gauge("pdctl_router_live_handles", "Decode handles the router holds.", registry=r)
         self.healthy = Gauge("pdctl_router_upstream_healthy", "1 if the upstream is in its pool.", ["role", "index"],
                              registry=r)
+        self.pinned = Gauge("pdctl_router_pinned_tokens", "Decode KV tokens the router's live handles pin (whole "
+                            "blocks).", ["index"], registry=r)
+        self.releases = ReleaseMetrics(r)
         self.started = time.monotonic()
         self.requests_total = 0
         self.outcomes: Tally[str] = Tally({"hit": 0, "partial": 0, "miss": 0})
@@ -64,7 +84,8 @@ class RouterMetrics:
     def error(self, role: str, kind: str) -> None:
         self.upstream_errors.labels(role, kind).inc()
 
-    def stats(self, live_handles: int, prefill: Pool, decode: Pool) -> dict[str, object]:
+    def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
+              budgets: dict[str, int] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         return RouterStats(
@@ -76,17 +97,24 @@ class RouterMetrics:
             hit_rate=round(reused / self.eligible, 4) if self.eligible else 0.0,
             eligible_turns=self.eligible,
             live_handles=live_handles,
+            pinned_tokens=pinned or {},
+            pin_budget_tokens=budgets or {},
+            releases=dict(self.releases.sent),
+            releases_failed=self.releases.failed,
             prefill=_upstreams(prefill),
             decode=_upstreams(decode),
             uptime_s=round(time.monotonic() - self.started, 3),
             version=__version__,
         ).to_json()
 
-    def exposition(self, live_handles: int, prefill: Pool, decode: Pool) -> bytes:
+    def exposition(self, live_handles: int, prefill: Pool, decode: Pool,
+                   pinned: dict[str, int] | None = None) -> bytes:
         self.live_handles.set(live_handles)
         for pool in (prefill, decode):
             for i, u in enumerate(pool.members):
                 self.healthy.labels(pool.role, str(i)).set(1 if u.healthy else 0)
+        for i, u in enumerate(decode.members):
+            self.pinned.labels(str(i)).set((pinned or {}).get(u.url, 0))
         return generate_latest(self.registry)
 
 

@@ -132,6 +132,8 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
     for attempt in range(2):
         resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid)
         with_handle = verdict.outcome != "miss"
+        if with_handle and resp != "connect":
+            ctx.spent = True
         if not isinstance(resp, str) and resp.status_code == 200:
             state.prefill.succeeded(p)
             params = _params(resp.content)

@@ -25,7 +25,7 @@ from pdctl.router.context import NOT_TAKEN, RequestContext
 from pdctl.router.conversation import Derivation, explicit_id, new_id
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.handles import Handle
+from pdctl.router.handles import UNREAD, Handle
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Pool, Upstream
 from pdctl.router.verify import Verdict, as_tokens, at_prefill, hit_params, miss, verify
@@ -160,6 +160,18 @@ async def _completion(state: RouterState, ctx: RequestContext, receive: Receive,
     finally:
         state.decode_gate.release()
         ctx.release(state.handles)
+        _release_unread(state, ctx)
+
+
+def _release_unread(state: RouterState, ctx: RequestContext) -> None:
+    """The turn took a handle that no prefill got (a miss decided here, a failure, the client left) and that is
+    not back in the table (a local turn puts it back): its blocks would stay pinned until the decode's TTL."""
+    h = ctx.taken.handle
+    if h is None or ctx.spent or ctx.conversation is None:
+        return
+    now = state.handles.get(ctx.conversation)
+    if now is None or now.request_id != h.request_id:
+        state.releaser.submit(h, UNREAD)
 
 
 async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:

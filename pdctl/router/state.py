@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 import httpx
 
 from pdctl.router.admission import Gate
+from pdctl.router.capacity import Capacities
 from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
 from pdctl.router.handles import Handle, HandleTable
 from pdctl.router.metrics import RouterMetrics
+from pdctl.router.release import Releaser
 from pdctl.router.response_store import ResponseStore
 from pdctl.router.upstreams import AffinityRing, HolderFirst, Pool, Selector
 
@@ -29,6 +31,8 @@ class RouterState:
     metrics: RouterMetrics
     prefill_gate: Gate
     decode_gate: Gate
+    releaser: Releaser
+    capacities: Capacities
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
 
@@ -37,6 +41,10 @@ class RouterState:
         prefill = Pool("prefill", config.prefill, config.eject_after)
         decode = Pool("decode", config.decode, config.eject_after)
         index = DerivedIndex()
+        metrics = RouterMetrics()
+        releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
+                            config.release)
+        capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
         return cls(
             config=config,
             prefill=prefill,
@@ -44,11 +52,15 @@ class RouterState:
             prefill_policy=AffinityRing(prefill, config.load_factor),
             decode_policy=HolderFirst(config.load_factor),
             index=index,
-            handles=HandleTable(config.max_handles, index=index),
+            handles=HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
+                                budget=capacities.budget if config.release else None,
+                                block_size=config.block_size),
             responses=ResponseStore(config.handle_lifetime, config.max_handles),
-            metrics=RouterMetrics(),
+            metrics=metrics,
             prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
             decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
+            releaser=releaser,
+            capacities=capacities,
         )
 
     @property
@@ -63,4 +75,5 @@ class RouterState:
         return u is None or not u.healthy or u.generation != h.generation
 
     def stats(self) -> dict[str, object]:
-        return self.metrics.stats(len(self.handles), self.prefill, self.decode)
+        return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
+                                  self.capacities.budgets(self.decode) if self.config.release else {})

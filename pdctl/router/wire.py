@@ -42,6 +42,7 @@ HANDLE_IN_USE = "handle_in_use"  # another turn of the conversation holds the ha
 DECODE_RESTARTED = "decode_restarted"  # the decode that holds the blocks may have died since
 EXPIRED = "expired"  # the handle outlived the router's trust in it
 EVICTED = "evicted"  # the handle table was full
+RELEASED = "released"  # the router freed the handle's blocks: its decode was over router.pin_budget_tokens
 PREVIOUS_TURN_FAILED = "previous_turn_failed"  # the turn that took the handle did not leave a new one
 NO_HANDLE_RETURNED = "no_handle_returned"  # the decode's answer carried no kv_transfer_params
 TOKENIZE_FAILED = "tokenize_failed"  # the router could not tokenize the prompt to verify it
@@ -52,7 +53,7 @@ PREFILL_REDONE = "prefill_redone"  # the decode could not use the prefill's KV; 
 N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
 REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
-    NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
+    NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, RELEASED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
     TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1,
 })
 
@@ -144,6 +145,10 @@ class RouterStats:
     hit_rate: float = 0.0  # (hit + partial) / eligible_turns, 4 decimals
     eligible_turns: int = 0
     live_handles: int = 0
+    pinned_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> tokens its live handles pin
+    pin_budget_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> its budget (none: absent)
+    releases: Mapping[str, int] = field(default_factory=dict)  # why -> releases sent (pdctl.router.release)
+    releases_failed: int = 0  # releases that did not reach a prefill or that it refused
     prefill: tuple[UpstreamStats, ...] = ()
     decode: tuple[UpstreamStats, ...] = ()
     uptime_s: float = 0.0
@@ -171,6 +176,10 @@ class RouterStats:
             "hit_rate": self.hit_rate,
             "eligible_turns": self.eligible_turns,
             "live_handles": self.live_handles,
+            "pinned_tokens": dict(self.pinned_tokens),
+            "pin_budget_tokens": dict(self.pin_budget_tokens),
+            "releases": dict(self.releases),
+            "releases_failed": self.releases_failed,
             "prefill": [_upstream_json(u) for u in self.prefill],
             "decode": [_upstream_json(u) for u in self.decode],
             "uptime_s": self.uptime_s,
@@ -191,6 +200,10 @@ class RouterStats:
             hit_rate=_float(d, "hit_rate"),
             eligible_turns=_int(d, "eligible_turns"),
             live_handles=_int(d, "live_handles"),
+            pinned_tokens=_counts(d, "pinned_tokens"),
+            pin_budget_tokens=_counts(d, "pin_budget_tokens"),
+            releases=_counts(d, "releases"),
+            releases_failed=_int(d, "releases_failed"),
             prefill=_upstreams(d, "prefill"),
             decode=_upstreams(d, "decode"),
             uptime_s=_float(d, "uptime_s"),

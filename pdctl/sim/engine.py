@@ -27,6 +27,10 @@ from pdctl.sim.tokenizer import generate
 
 log = logging.getLogger("pdctl.sim.engine")
 
+# What marks a router's release (pdctl.router.release.RELEASE_FIELD): with pdctl's patch to vLLM (the simulator's
+# --prefix-check) the prefill frees its one block when it finishes instead of keeping it for a decode's pull.
+RELEASE = "pdctl_release"
+
 
 class EngineError(Exception):
     """A request the engine refuses or fails, with the HTTP status and OpenAI error type to report."""
@@ -82,10 +86,13 @@ class Run:
         eng = self.engine
         eng.metrics.lab(eng.metrics.generation_tokens).inc(len(self.output))
         params = None
-        if self.is_p:
+        kv = self.req.kv_params or {}
+        if self.is_p and kv.get(RELEASE) and eng.cfg.prefix_check:
+            eng.pool.free_blocks(self.block_ids)  # pdctl's patch: a release's block is not kept for a pull
+        elif self.is_p:
             eng.store.retain(self.req.request_id, self.block_ids, eng.cfg.kv.lease_duration, "lease")
             params = eng.handle(self.req.request_id, self.block_ids, self.seq_len, None, p_node=True)
-            report = (self.req.kv_params or {}).get(prefix_check.REPORT)
+            report = kv.get(prefix_check.REPORT)
             if report is not None:  # what the prefix check verified, as pdctl's patch adds it to vLLM's answer
                 params[prefix_check.REPORT] = report
         elif self.is_d and eng.cfg.kv.bidirectional:

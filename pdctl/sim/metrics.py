@@ -122,6 +122,12 @@ class SimMetrics:
         self.lab(self.expired).inc()
         self.stats.expired += 1
 
+    def cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's info gauge of the KV cache's shape (the router reads the decode's capacity from it)."""
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+                     ["engine", "block_size", "num_gpu_blocks"], registry=self.registry)
+        info.labels("0", str(block_size), str(num_gpu_blocks)).set(1)
+
 
 @dataclass
 class TransferStats:

@@ -51,6 +51,7 @@ class SimServer:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.metrics = SimMetrics(cfg.model_name)
+        self.metrics.cache_config(cfg.block_size, cfg.num_gpu_blocks)
         self.served_names = cfg.served_model_names or (cfg.model,)
         self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
         self.engine = Engine(cfg, self.metrics, self.client)

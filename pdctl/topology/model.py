@@ -17,6 +17,8 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    PIN_BUDGET_FRACTION,
+    PIN_BUDGET_TOKENS,
     ROUTER_PORT,
     UCX_BLOCK_SIZE,
     VERIFY_AT,
@@ -227,6 +229,28 @@ class Router(Strict):
     )
     local_busy_streams: int = Field(
         LOCAL_BUSY_STREAMS, ge=1, description="local_policy load: a decode with this many requests in flight is busy."
+    )
+
+    release: bool = Field(
+        True,
+        description="Free the decode KV of handles no turn will read (replaced, evicted, expired, over "
+        "pin_budget_tokens) with a one-token request to a prefill that tells the decode to free it, rather than "
+        "leaving it pinned for the decode's decoder_kv_blocks_ttl.",
+    )
+    pin_budget_tokens: int = Field(
+        PIN_BUDGET_TOKENS,
+        ge=0,
+        description="Tokens of KV the router's live handles may pin on one decode; a handle that takes a decode "
+        "past it releases that decode's least recently used handles (their next turn is a miss, released). "
+        "0 (the default): pin_budget_fraction of the decode's KV.",
+    )
+    pin_budget_fraction: float = Field(
+        PIN_BUDGET_FRACTION,
+        ge=0,
+        le=1,
+        description="With pin_budget_tokens 0: the budget is this fraction of each decode's KV (num_gpu_blocks x "
+        "block_size, which the router reads from the decode's /metrics). Default 0.5: the other half stays for the "
+        "turns the decode runs. 0: no budget (dropped handles are still released).",
     )
 
     conversation_headers: list[str] | None = Field(

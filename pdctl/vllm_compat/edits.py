@@ -2,7 +2,8 @@
 
 `streaming` makes a vLLM older than 0.33.0 stream `kv_transfer_params`; `prefix-check` copies
 `pdctl/prefix_check.py` next to the NIXL pull scheduler, calls its `check` before anything reads
-`remote_num_tokens` and returns its report. pdctl.vllm_compat finds, checks and applies them.
+`remote_num_tokens`, returns its report, and frees a router release's own block at once. pdctl.vllm_compat
+finds, checks and applies them.
 """
 
 from __future__ import annotations
@@ -115,6 +116,20 @@ _PREFIX_V0_26_0 = (
             if params is not None and "pdctl_prefix" in params and params.get("do_remote_decode"):
                 pdctl_check(params, request.prompt_token_ids or [])
         """,
+        marker=PREFIX_MARKER,
+    ),
+    # A router's release (pdctl/router/release.py) has notified the decode already (update_state_after_alloc):
+    # its own block is freed at once, as vLLM frees an aborted request's, rather than kept for a decode's pull.
+    Edit(
+        path=_PULL,
+        scope="    def request_finished(",
+        anchor=('        is_p_node = bool(params.get("do_remote_decode"))',),
+        insert="""
+            if params.get("pdctl_release"):
+                self._reqs_not_processed.add(request.request_id)
+                return False, None
+        """,
+        before=True,
         marker=PREFIX_MARKER,
     ),
     Edit(

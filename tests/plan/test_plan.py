@@ -177,3 +177,21 @@ def test_prefix_caching_is_on_by_default_and_an_instance_may_turn_it_off() -> No
         assert "--no-enable-prefix-caching" in prefill.argv and "--no-enable-prefix-caching" not in decode.argv
     off = plan(load(ROOT / "configs/local-sim.yaml", ["prefill[0].prefix_caching=false"]), SELF_PYTHON)[1]
     assert not parse_args(list(off.argv[3:]), env=off.env).prefix_caching
+
+
+def test_the_pin_budget_and_the_release_reach_the_router() -> None:
+    from pdctl.errors import TopologyError
+    from pdctl.router.config import RouterConfig
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert not {"--pin-budget-tokens", "--pin-budget-fraction", "--no-release"} & set(router.argv)  # the defaults
+    defaults = RouterConfig(prefill=("http://p",), decode=("http://d",))
+    assert (defaults.pin_budget_tokens, defaults.pin_budget_fraction, defaults.release) == (0, 0.5, True)
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.pin_budget_tokens=65536"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--pin-budget-tokens") + 1] == "65536"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.pin_budget_fraction=0"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--pin-budget-fraction") + 1] == "0"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.release=false"]), SELF_PYTHON)
+    assert "--no-release" in router.argv and "--pin-budget-tokens" not in router.argv
+    with pytest.raises(TopologyError, match="pin_budget_fraction"):
+        load(ROOT / "configs/local-sim.yaml", ["router.pin_budget_fraction=1.5"])

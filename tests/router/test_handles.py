@@ -95,3 +95,56 @@ def test_a_handle_whose_decode_may_have_died_is_dropped_unused() -> None:
     assert (taken.handle, taken.reason) == (None, RESTARTED)
     assert table.take("c1").reason == RESTARTED  # the next turn's miss says why too
     assert table.sweep(stale=lambda h: True) == 1 and len(table) == 0
+
+
+def pinning(cid: str, tokens: int, decode: str = "http://d0", rid: str | None = None) -> Handle:
+    return Handle(cid, {"remote_num_tokens": tokens, "remote_request_id": rid or f"req-{cid}-{tokens}"}, decode,
+                  None, 0.0, 1000.0)
+
+
+def test_the_table_counts_pinned_tokens_per_decode_in_whole_blocks() -> None:
+    table = HandleTable(8, clock=lambda: 0.0, block_size=16)
+    table.put(pinning("a", 17))
+    table.put(pinning("b", 16, "http://d1"))
+    assert table.pinned() == {"http://d0": 32, "http://d1": 16}
+    table.take("a")
+    assert table.pinned() == {"http://d1": 16}
+
+
+def test_every_handle_dropped_unread_is_reported_with_why() -> None:
+    from pdctl.router.handles import REPLACED
+
+    clock = Clock()
+    dropped: list[tuple[str, str]] = []
+    table = HandleTable(2, clock, on_drop=lambda h, why: dropped.append((h.conversation, why)))
+    table.put(pinning("a", 16, rid="r1"))
+    table.put(pinning("a", 32, rid="r2"))  # a newer handle of the same conversation
+    table.put(pinning("a", 32, rid="r2"))  # the same one put back (a local turn): not a drop
+    table.put(pinning("b", 16))
+    table.put(pinning("c", 16))  # the table holds 2
+    table.put(Handle("d", {"remote_num_tokens": 16}, "http://d0", None, clock(), clock() + 1))
+    clock.now += 2
+    table.take("d")
+    table.put(Handle("e", {"remote_num_tokens": 16}, "http://d0", None, clock(), clock() + 1))
+    clock.now += 2
+    table.sweep()
+    table.put(pinning("f", 16))
+    assert table.take("f").handle is not None  # taken by a turn: not dropped
+    assert dropped == [("a", REPLACED), ("a", "evicted"), ("b", "evicted"), ("d", "expired"), ("e", "expired")]
+
+
+def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
+    from pdctl.router.handles import PRESSURE
+
+    dropped: list[tuple[str, str]] = []
+    table = HandleTable(8, clock=lambda: 0.0, on_drop=lambda h, why: dropped.append((h.conversation, why)),
+                        budget=lambda url: 64, block_size=16)
+    table.put(pinning("a", 30))
+    table.put(pinning("other", 64, "http://d1"))  # another decode's pins count against its own budget
+    table.put(pinning("b", 20))
+    assert dropped == []
+    table.put(pinning("c", 10))  # d0: 32 + 32 + 16 > 64
+    assert dropped == [("a", PRESSURE)]
+    assert table.pinned() == {"http://d0": 48, "http://d1": 64}
+    taken = table.take("a")
+    assert (taken.handle, taken.reason, taken.eligible) == (None, "released", True)

@@ -53,7 +53,7 @@ def test_apply_patches_the_four_files_and_the_pull_scheduler(site: Path) -> None
     for rel, text in _texts(site).items():
         compile(text, rel, "exec")
         assert text.count(PATCHED_MARKER) == (rel != PULL)
-        assert text.count(PREFIX_MARKER) == 3 * (rel == PULL)
+        assert text.count(PREFIX_MARKER) == 4 * (rel == PULL)
         assert (site / f"{rel}.pdctl-orig").read_text() == (FIXTURE / rel).read_text()
     assert (site / COPY).read_bytes() == SOURCE.read_bytes()
     assert not (site / f"{COPY}.pdctl-orig").exists()

@@ -55,6 +55,8 @@ STUBS = {
                 self._reqs_need_recv = {}
                 self._reqs_need_save = {}
                 self._reqs_not_processed = set()
+                self._reqs_in_batch = set()
+                self.use_host_buffer = False
 
             def _stop_heartbeat(self, request_id):
                 pass
@@ -242,3 +244,40 @@ def test_request_finished_without_a_report_says_none(modules: Loaded) -> None:
 
     assert answer["pdctl_reuse"] is None
     assert answer["remote_num_tokens"] == HELD
+
+
+def _release(modules: Loaded, which: str, marked: bool) -> tuple[Any, Any, tuple[bool, Any]]:
+    """A router's release (pdctl.router.release) through vLLM's scheduler code, scheduled and finished by length."""
+    from pdctl.router.release import RELEASE_FIELD, release_params
+
+    params = release_params({**_handle(), "remote_num_tokens": HELD, "remote_blocks_expiry_time": 9.0})
+    if not marked:
+        params.pop(RELEASE_FIELD)
+    request = _request(params, [0])
+    request.request_id = "release-1"
+    scheduler = _scheduler(getattr(modules, which), threshold=64)
+    assert scheduler.get_num_new_matched_tokens(request, 0) == (0, False)  # nothing to read
+    scheduler.update_state_after_alloc(request, None, 0)
+    request.status, request.num_computed_tokens = modules.finished, 1
+    return scheduler, request, scheduler.request_finished(request, ([42],))
+
+
+@pytest.mark.parametrize("which", ["original", "patched"])
+def test_a_release_reads_nothing_and_notifies_the_decode(modules: Loaded, which: str) -> None:
+    scheduler, request, _ = _release(modules, which, marked=True)
+    # No local blocks: the worker sends the decode the notify that frees the handle's blocks (a "full prefix hit").
+    assert scheduler._reqs_need_recv == {"release-1": (request, ())}
+
+
+def test_a_stock_prefill_keeps_the_releases_one_block_for_its_lease(modules: Loaded) -> None:
+    scheduler, _, (delay, params) = _release(modules, "original", marked=True)
+    assert delay is True and params["do_remote_prefill"] is True
+    assert set(scheduler._reqs_need_send) == {"release-1"}
+
+
+def test_a_patched_prefill_frees_the_releases_block_at_once(modules: Loaded) -> None:
+    scheduler, _, finished = _release(modules, "patched", marked=True)
+    assert finished == (False, None)
+    assert scheduler._reqs_need_send == {} and scheduler._reqs_not_processed == {"release-1"}
+    _, _, (delay, _) = _release(modules, "patched", marked=False)  # any other request is vLLM's as before
+    assert delay is True

@@ -1,0 +1,58 @@
+"""How much KV a decode's live handles pin, and which handles go when a decode is over its budget (pure).
+
+A handle pins the blocks of its turn on the decode that issued it (`remote_num_tokens` tokens, rounded up to whole
+blocks) until a prefill reads them or the decode's `decoder_kv_blocks_ttl` runs out. Conversations that share a
+prefix (a system prompt) may share those blocks in the decode's prefix cache; the router counts every handle's
+blocks in full, an upper bound, so it releases early rather than late and the decode never runs out first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def pinned_tokens(num_tokens: int, block_size: int) -> int:
+    """The tokens' worth of whole blocks a handle of `num_tokens` tokens pins."""
+    if num_tokens <= 0:
+        return 0
+    return -(-num_tokens // block_size) * block_size
+
+
+def over_budget(lru: Iterable[tuple[str, int]], pinned: int, budget: int) -> list[str]:
+    """The conversations to release, oldest first, until `pinned` is at most `budget` (0: no budget).
+
+    `lru` is the decode's handles as (conversation, pinned tokens), least recently used first, without the one
+    that took it over budget: a newest handle larger than the budget on its own stays, with everything else gone.
+    """
+    if budget <= 0 or pinned <= budget:
+        return []
+    out: list[str] = []
+    for cid, tokens in lru:
+        if pinned <= budget:
+            break
+        out.append(cid)
+        pinned -= tokens
+    return out
+
+
+def kv_capacity(metrics: str) -> int | None:
+    """A vLLM engine's KV capacity in tokens (num_gpu_blocks x block_size) from its /metrics text, if it says."""
+    m = _INFO.search(metrics)
+    if m is None:
+        return None
+    labels = dict(_LABEL.findall(m.group(1)))
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else None
+
+
+def budget_for(tokens: int, fraction: float, capacity: int | None) -> int:
+    """A decode's pin budget: `tokens` when set, else `fraction` of its capacity (0, no budget, when unknown)."""
+    if tokens > 0:
+        return tokens
+    if fraction <= 0 or capacity is None:
+        return 0
+    return max(1, int(capacity * fraction))

@@ -1,0 +1,203 @@
+"""Releases: the decode KV of handles no turn will read is freed, observed at the decode simulator's own blocks."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import uuid
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pdctl.router.handles import Handle
+from pdctl.router.release import release_body, release_params
+from tests.conftest import free_port
+from tests.router.conftest import BLOCK, SPEED, RouterProc, router_process
+from tests.router.faults import eventually
+from tests.router.talk import Conversation
+from tests.support.sim_procs import SERVED, SimPair, SimProc, kv_config, sim_pair
+
+NUM_BLOCKS = 400
+LEASE_S = 1.0  # the prefill's kv_lease_duration: how long it keeps a finished request's blocks for a decode
+
+
+def used_blocks(sim: SimProc) -> int:
+    return round(sim.metric("vllm:kv_cache_usage_perc") * NUM_BLOCKS)
+
+
+@contextlib.contextmanager
+def fresh(tmp_path: Path, *router_args: str, decode_args: tuple[str, ...] = (),
+          prefill: tuple[str, ...] = ()) -> Iterator[tuple[SimPair, RouterProc]]:
+    """A sim pair of its own (nothing else pins its decode's blocks) and a router in front of it."""
+    with sim_pair(tmp_path, speed=SPEED, block_size=BLOCK, num_blocks=NUM_BLOCKS, decode_args=decode_args,
+                  prefill_args=("--kv-transfer-config", kv_config("prefill", threshold=0, lease=LEASE_S))) as pd, \
+            router_process(tmp_path, [*prefill, pd.prefill_url], [pd.decode_url], *router_args) as router:
+        yield pd, router
+
+
+def pinned(router: RouterProc) -> int:
+    """The decode blocks the router's live handles pin, by its own count."""
+    return sum(router.stats()["pinned_tokens"].values()) // BLOCK
+
+
+def turn(router: RouterProc, cid: str, words: int = 40) -> Conversation:
+    conv = Conversation(router.url, True, True, "body", cid)
+    reply = conv.turn(" ".join(f"{cid[:6]}-{i}" for i in range(words)))
+    assert reply.status == 200 and (reply.outcome, reply.reason) == ("miss", "new_conversation")
+    return conv
+
+
+def test_an_evicted_handle_frees_its_blocks_on_the_decode(tmp_path: Path) -> None:
+    with fresh(tmp_path, "--max-handles", "1") as (pd, router):
+        a = turn(router, uuid.uuid4().hex)
+        held_a = used_blocks(pd.decode)
+        assert held_a > 0 and held_a == pinned(router)
+        turn(router, uuid.uuid4().hex, words=60)  # the table holds one handle: a's goes
+        held_b = pinned(router)
+        assert held_b > held_a
+        assert eventually(lambda: used_blocks(pd.decode) == held_b), (used_blocks(pd.decode), held_a, held_b)
+        assert router.stats()["releases"] == {"evicted": 1}
+        text = httpx.get(f"{router.url}/metrics", timeout=10).text
+        assert 'pdctl_router_kv_releases_total{reason="evicted",result="sent"} 1.0' in text
+        assert f'pdctl_router_pinned_tokens{{index="0"}} {held_b * BLOCK:.1f}' in text
+        reply = a.turn("and then?")
+        assert (reply.outcome, reply.reason) == ("miss", "evicted")
+
+
+def test_a_replaced_handle_frees_its_blocks_on_the_decode(tmp_path: Path) -> None:
+    # Two first turns of one conversation at once (the decode's pull is slowed so that they overlap): both start
+    # without a handle and both leave one; the second replaces the first, whose blocks must not stay pinned.
+    with fresh(tmp_path, decode_args=("--kv-pull-delay-ms", "400")) as (pd, router):
+        cid = uuid.uuid4().hex
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda w: turn(router, cid, w), (40, 41)))
+        assert len(replies) == 2
+        assert eventually(lambda: router.stats()["releases"] == {"replaced": 1}), router.stats()["releases"]
+        assert eventually(lambda: used_blocks(pd.decode) == pinned(router)), (used_blocks(pd.decode), pinned(router))
+        assert pinned(router) > 0
+
+
+@pytest.mark.parametrize("knob", [("--pin-budget-tokens", str(20 * BLOCK)),
+                                  ("--pin-budget-fraction", f"{20 / NUM_BLOCKS:g}")], ids=["tokens", "fraction"])
+def test_over_the_pin_budget_the_least_recent_conversation_is_released(tmp_path: Path, knob: tuple[str, str]) -> None:
+    budget = 20
+    with fresh(tmp_path, *knob) as (pd, router):
+        # a fraction of the decode's capacity, read from its /metrics (vllm:cache_config_info)
+        assert eventually(lambda: router.stats()["pin_budget_tokens"] == {pd.decode_url: budget * BLOCK})
+        first = turn(router, uuid.uuid4().hex, words=100)
+        per = pinned(router)
+        assert 2 * per <= budget < 3 * per, per  # two conversations fit the budget, a third does not
+        turn(router, uuid.uuid4().hex, words=100)
+        assert router.stats()["releases"] == {}
+        turn(router, uuid.uuid4().hex, words=100)
+        assert eventually(lambda: router.stats()["releases"] == {"pressure": 1}), router.stats()["releases"]
+        assert pinned(router) <= budget
+        assert eventually(lambda: used_blocks(pd.decode) == pinned(router)), (used_blocks(pd.decode), pinned(router))
+        reply = first.turn("and then?")
+        assert reply.status == 200 and reply.text
+        assert (reply.outcome, reply.reason) == ("miss", "released")
+        assert router.stats()["reuse_reasons"]["released"] == 1
+
+
+def test_a_handle_a_turn_took_but_did_not_read_is_released_on_a_stock_prefill(tmp_path: Path) -> None:
+    # verify_at router, with a prefill that lacks pdctl's prefix check (a vLLM pdctl did not patch): an edited
+    # history is a miss decided at the router, so no prefill gets the handle the turn took; the release frees it.
+    with sim_pair(tmp_path, speed=SPEED, block_size=BLOCK, num_blocks=NUM_BLOCKS,
+                  prefill_args=("--no-prefix-check", "--kv-transfer-config",
+                                kv_config("prefill", threshold=0, lease=LEASE_S))) as pd, \
+            router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--verify-at", "router") as router:
+        conv = turn(router, uuid.uuid4().hex, words=60)
+        first = used_blocks(pd.decode)
+        conv.messages[0]["content"] = "an edited first question " * 40
+        reply = conv.turn("a second question")
+        assert (reply.outcome, reply.reason) == ("miss", "prefix_diverged")
+        assert eventually(lambda: router.stats()["releases"] == {"unread": 1}), router.stats()["releases"]
+        # Only the new handle pins: without the release the first turn's blocks would be there too.
+        assert eventually(lambda: used_blocks(pd.decode) == pinned(router)), (used_blocks(pd.decode), first)
+        reply = conv.turn("a third question")
+        assert (reply.outcome, reply.reason) == ("hit", "verified")  # the new handle is the one kept
+
+
+def test_a_release_to_a_dead_prefill_fails_no_turn(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # listed first and never ejected: the release's first choice
+    with fresh(tmp_path, "--max-handles", "1", "--health-interval", "3600", "--eject-after", "1000",
+               prefill=(dead,)) as (pd, router):
+        for words in (30, 31, 32):
+            turn(router, uuid.uuid4().hex, words)
+        assert eventually(lambda: router.stats()["releases_failed"] >= 1), router.stats()
+        log = router.log_text()
+        assert "release of a evicted handle on " + pd.decode_url + " failed" in log
+        assert "its blocks stay pinned until the decode's TTL" in log
+        text = httpx.get(f"{router.url}/metrics", timeout=10).text
+        assert 'pdctl_router_kv_releases_total{reason="evicted",result="failed"}' in text
+
+
+def _handle_from_decode(pd: SimPair, prompt: list[int]) -> dict[str, Any]:
+    """One P/D turn by hand, as the router runs it: the decode's handle for the conversation's next turn."""
+    miss = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+            "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    p = httpx.post(f"{pd.prefill_url}/v1/completions", timeout=30,
+                   json={"model": SERVED, "prompt": prompt, "max_tokens": 1, "kv_transfer_params": miss})
+    d = httpx.post(f"{pd.decode_url}/v1/completions", timeout=30,
+                   json={"model": SERVED, "prompt": prompt, "max_tokens": 8,
+                         "kv_transfer_params": p.json()["kv_transfer_params"]})
+    params: dict[str, Any] = d.json()["kv_transfer_params"]
+    assert params["do_remote_decode"] and params["remote_block_ids"]
+    return params
+
+
+@pytest.mark.parametrize("patched", [True, False], ids=["patched-prefill", "stock-prefill"])
+def test_the_release_request_computes_one_token_and_frees_the_decode(tmp_path: Path, patched: bool) -> None:
+    flags = () if patched else ("--no-prefix-check",)  # the simulator's stand-in for pdctl's patch to vLLM
+    with sim_pair(tmp_path, speed=SPEED, block_size=BLOCK, num_blocks=NUM_BLOCKS,
+                  prefill_args=(*flags, "--kv-transfer-config", kv_config("prefill", threshold=0, lease=LEASE_S))) \
+            as pd:
+        params = _handle_from_decode(pd, list(range(100, 300)))
+        params["pdctl_prefix"] = {"v": 1, "n": 1}  # a handle stored with its digests: the release leaves them out
+        assert used_blocks(pd.decode) == -(-(200 + 7) // BLOCK)
+        assert eventually(lambda: used_blocks(pd.prefill) == 0)  # the turn's own lease ran out
+        computed = pd.prefill.metric("vllm:prompt_tokens_total")
+        h = Handle("c", params, pd.decode_url, array("i", [100, 101]), 0.0, 1.0)
+        r = httpx.post(f"{pd.prefill_url}/v1/completions", json=release_body(h, SERVED), timeout=30)
+        assert r.status_code == 200
+        assert pd.prefill.metric("vllm:prompt_tokens_total") - computed == 1
+        assert pd.prefill.metric("vllm:nixl_bytes_transferred_count") == 0  # nothing read from the decode
+        assert eventually(lambda: used_blocks(pd.decode) == 0), used_blocks(pd.decode)
+        if patched:
+            assert used_blocks(pd.prefill) == 0 and r.json().get("kv_transfer_params") is None
+        else:  # as stock vLLM 0.26.0: the release's one block waits for a decode's pull until kv_lease_duration
+            assert used_blocks(pd.prefill) == 1
+            assert eventually(lambda: used_blocks(pd.prefill) == 0)
+
+
+def test_release_params_name_the_blocks_and_ask_for_nothing() -> None:
+    params = {"do_remote_decode": False, "do_remote_prefill": True, "remote_block_ids": [[3, 4]],
+              "remote_engine_id": "d", "remote_request_id": "r", "remote_host": "h", "remote_port": 1,
+              "remote_num_tokens": 40, "remote_blocks_expiry_time": 9.0, "pdctl_prefix": {}, "tp_size": 1}
+    out = release_params(params)
+    assert out == {"do_remote_decode": True, "do_remote_prefill": False, "remote_block_ids": [[3, 4]],
+                   "remote_engine_id": "d", "remote_request_id": "r", "remote_host": "h", "remote_port": 1,
+                   "remote_num_tokens": 0, "tp_size": 1, "pdctl_release": True}
+    assert params["remote_num_tokens"] == 40  # the handle itself is untouched
+    body = release_body(Handle("c", params, "http://d", None, 0.0, 1.0), "m")
+    assert (body["prompt"], body["max_tokens"], body["stream"], body["model"]) == ([0], 1, False, "m")
+
+
+def test_release_options_are_checked_and_exit_2() -> None:
+    from typer.testing import CliRunner
+
+    from pdctl.cli import app as pdctl_app
+
+    result = CliRunner().invoke(pdctl_app, ["router", "serve", "--prefill", "http://127.0.0.1:1", "--decode",
+                                            "http://127.0.0.1:2", "--pin-budget-tokens", "-1",
+                                            "--release-concurrency", "0"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        "Error: invalid router options: --pin-budget-tokens must be >= 0, got -1; --release-concurrency must be "
+        ">= 1, got 0",
+        "hint: see `pdctl router serve --help`",
+    ]
