@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -113,6 +113,10 @@ class HandleTable:
         self._tombs: OrderedDict[str, str] = OrderedDict()
         self._leased: dict[str, int] = {}
         self._pinned: dict[str, int] = {}
+        # Per decode: how many live handles hold each whole chunk of their prefix, by the chunk's digest in the
+        # handle's prefix-check chain (Handle.spec): a chunk two conversations share, the shared system prompt,
+        # sits in one set of the decode's prefix-cached blocks and counts once.
+        self._chunks: dict[str, Counter[str]] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -127,7 +131,7 @@ class HandleTable:
                 self._unread(old, REPLACED)
         self._tombs.pop(cid, None)
         self._live[cid] = handle
-        self._pinned[handle.decode_url] = self._pinned.get(handle.decode_url, 0) + self._pins(handle)
+        self._count(handle, +1)
         if self.index is not None and handle.derived_key is not None:
             self.index.add(handle.derived_key, cid)
         while len(self._live) > self.max_size:
@@ -138,22 +142,64 @@ class HandleTable:
         self._relieve(handle)
 
     def _relieve(self, newest: Handle) -> None:
-        """Release the least recently used handles of `newest`'s decode while it is over the budget."""
+        """Release the least recently used handles of `newest`'s decode while it is over the budget.
+
+        One at a time: what a release frees depends on which handles still share its chunks."""
         url = newest.decode_url
-        lru = ((c, self._pins(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest)
         budget = self.budget(url) if self.budget is not None else 0
-        for cid in over_budget(lru, self._pinned.get(url, 0), budget):
-            h = self._live.pop(cid)
+        while True:
+            lru = [(c, self._freed_by(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest]
+            gone = over_budget(lru, self._pinned.get(url, 0), budget)[:1]
+            if not gone:
+                return
+            h = self._live.pop(gone[0])
             self._dropped(h)
-            self.mark(cid, RELEASED)
+            self.mark(h.conversation, RELEASED)
             self._unread(h, PRESSURE)
 
     def pinned(self) -> dict[str, int]:
-        """Tokens the live handles pin, per decode URL (whole blocks, shared prefixes counted in full)."""
+        """Tokens the live handles pin, per decode URL (whole blocks; a prefix chunk shared by several handles
+        counted once where the handles carry their digest chain, in full where they do not)."""
         return {url: n for url, n in self._pinned.items() if n}
 
-    def _pins(self, h: Handle) -> int:
-        return pinned_tokens(h.num_tokens, self.block_size)
+    def _links(self, h: Handle) -> tuple[list[str], int]:
+        """The handle's chunk digests and the tokens each stands for ([] when it carries no chain)."""
+        chain = h.spec.get("chain") if h.spec is not None else None
+        step = h.spec.get("step") if h.spec is not None else None
+        if not isinstance(chain, list) or not isinstance(step, int) or step <= 0:
+            return [], 0
+        return [d for d in chain if isinstance(d, str)], step
+
+    def _tail(self, h: Handle) -> int:
+        links, step = self._links(h)
+        return pinned_tokens(h.num_tokens - len(links) * step, self.block_size)
+
+    def _count(self, h: Handle, sign: int) -> None:
+        """Add (+1) or take away (-1) the handle's pinned tokens on its decode."""
+        url = h.decode_url
+        links, step = self._links(h)
+        chunks = self._chunks.setdefault(url, Counter())
+        tokens = self._tail(h)
+        for d in links:
+            before = chunks[d]
+            chunks[d] = before + sign
+            if (before == 0) if sign > 0 else (before == 1):
+                tokens += step
+            if chunks[d] <= 0:
+                del chunks[d]
+        left = self._pinned.get(url, 0) + sign * tokens
+        if left > 0:
+            self._pinned[url] = left
+        else:
+            self._pinned.pop(url, None)
+        if not chunks:
+            self._chunks.pop(url, None)
+
+    def _freed_by(self, h: Handle) -> int:
+        """What releasing `h` alone would free now: its tail and the chunks no other live handle holds."""
+        links, step = self._links(h)
+        chunks = self._chunks.get(h.decode_url, Counter())
+        return self._tail(h) + step * sum(1 for d in links if chunks[d] == 1)
 
     def _unread(self, h: Handle, reason: str) -> None:
         if self.on_drop is not None:
@@ -214,11 +260,6 @@ class HandleTable:
 
     def _dropped(self, handle: Handle) -> None:
         """`handle` left the table (taken or dropped): its blocks no longer count as pinned by a live handle."""
-        url = handle.decode_url
-        left = self._pinned.get(url, 0) - self._pins(handle)
-        if left > 0:
-            self._pinned[url] = left
-        else:
-            self._pinned.pop(url, None)
+        self._count(handle, -1)
         if self.index is not None and handle.derived_key is not None:
             self.index.discard(handle.derived_key, handle.conversation)

@@ -2,8 +2,9 @@
 
 A handle pins the blocks of its turn on the decode that issued it (`remote_num_tokens` tokens, rounded up to whole
 blocks) until a prefill reads them or the decode's `decoder_kv_blocks_ttl` runs out. Conversations that share a
-prefix (a system prompt) may share those blocks in the decode's prefix cache; the router counts every handle's
-blocks in full, an upper bound, so it releases early rather than late and the decode never runs out first.
+prefix (a system prompt) share those blocks in the decode's prefix cache: the table (pdctl.router.handles) counts
+a whole chunk that several handles hold once, by its digest in their prefix-check chain, and counts in full what
+it cannot tell apart (handles without a chain, the partial chunk at the end), so it errs towards releasing early.
 """
 
 from __future__ import annotations

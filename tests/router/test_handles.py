@@ -148,3 +148,28 @@ def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
     assert table.pinned() == {"http://d0": 48, "http://d1": 64}
     taken = table.take("a")
     assert (taken.handle, taken.reason, taken.eligible) == (None, "released", True)
+
+
+def chained(cid: str, ids: list[int], rid: str | None = None) -> Handle:
+    from pdctl import prefix_check
+
+    return Handle(cid, {"remote_num_tokens": len(ids), "remote_request_id": rid or f"req-{cid}"}, "http://d0",
+                  array("i", ids), 0.0, 1000.0, spec=prefix_check.spec(ids, len(ids), 256))
+
+
+def test_a_prefix_two_handles_share_pins_its_blocks_once() -> None:
+    from pdctl.router.handles import PRESSURE
+
+    system = list(range(512))  # two whole 256-token chunks every conversation starts with
+    dropped: list[tuple[str, str]] = []
+    table = HandleTable(8, clock=lambda: 0.0, on_drop=lambda h, why: dropped.append((h.conversation, why)),
+                        budget=lambda url: 1536, block_size=256)
+    table.put(chained("a", system + [7] * 300))  # 512 shared + 256 + a partial block of 44
+    table.put(chained("b", system + [8] * 256))
+    assert table.pinned() == {"http://d0": 512 + 512 + 256}
+    table.put(chained("c", system + [9] * 300))  # + 512: 1792 > 1536, and releasing a frees its own 512
+    assert dropped == [("a", PRESSURE)]
+    assert table.pinned() == {"http://d0": 512 + 256 + 512}
+    table.take("b")
+    table.take("c")
+    assert table.pinned() == {}  # the shared chunks went with the last handle that held them
