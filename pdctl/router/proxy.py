@@ -127,11 +127,6 @@ def _new_tokens(ctx: RequestContext, ids: array[int] | None, verdict: Verdict) -
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """Serve one completion request; everything it started upstream is cancelled if its client leaves."""
-    if state.config.mode == "aggregated":  # the agent APIs' translated requests
-        from pdctl.router import aggregated  # it builds on this module's conversation rules
-
-        await aggregated.completion(state, ctx, receive, send)
-        return
     if await cancel_on_disconnect(receive, send, lambda out: _completion(state, ctx, receive, out)):
         log.info("[%s] client disconnected; its upstream work was cancelled", ctx.rid)
 
