@@ -59,7 +59,8 @@ def test_two_aggregated_engines_behind_the_router_up_status_logs_down(tmp_path: 
         report = json.loads(status.stdout)
         assert [(p["name"], p["role"], p["health"]) for p in report["processes"]] == [
             ("aggregated-0", "decode", "ok"), ("aggregated-1", "decode", "ok"), ("router", "router", "ok")]
-        assert report["router"] is not None and report["healthy"] is True
+        assert report["router"]["error"] is None and report["healthy"] is True
+        assert report["router"]["requests_total"] >= 2  # the smoke test's two turns went through the router
         router = f"http://127.0.0.1:{data['router']['port']}"
         for n in range(4):  # new conversations: both engines serve some
             r = httpx.post(f"{router}/v1/chat/completions", timeout=30, json={
