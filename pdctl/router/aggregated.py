@@ -115,7 +115,8 @@ class _Reply:
             self.keep()
             return
         for event in self.events.feed(data):
-            payload = event.strip(b"\r\n")[5:].strip() if event.lstrip().startswith(b"data:") else b""
+            event = event.strip(b"\r\n")
+            payload = event[5:].strip() if event.startswith(b"data:") else b""
             if payload == b"[DONE]":
                 self.keep()
             elif payload:
