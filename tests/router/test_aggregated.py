@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.router.conftest import RouterProc, assert_clean, router_process
+from tests.router.faults import kill
 from tests.support.sim_procs import SERVED, SimProc, sim_process
 
 SPEED = 10  # slow enough that a long answer keeps its engine busy while the test sends another request
@@ -159,8 +160,8 @@ def test_health_and_bad_requests_in_the_router_shapes(agg_router: RouterProc) ->
 
 
 def test_an_engine_killed_sends_its_conversations_to_the_other(tmp_path: Path) -> None:
-    with (sim_process(tmp_path, "decode", name="kill-0", speed=1000, connector=False) as a,
-          sim_process(tmp_path, "decode", name="kill-1", speed=1000, connector=False) as b,
+    with (sim_process(tmp_path, "decode", name="kill-0", speed=SPEED, connector=False) as a,
+          sim_process(tmp_path, "decode", name="kill-1", speed=SPEED, connector=False) as b,
           router_process(tmp_path, [], [a.url, b.url], "--mode", "aggregated") as router):
         pair = (a, b)
         c = chat_client(router)
@@ -170,7 +171,15 @@ def test_an_engine_killed_sends_its_conversations_to_the_other(tmp_path: Path) -
         first = c.chat.completions.create(model=SERVED, messages=messages, max_tokens=3,
                                           extra_headers={"X-Session-ID": cid})
         home = served_by(pair, before)
-        pair[home].stop()
+        long = {"model": SERVED, "messages": messages, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=long, timeout=60,
+                          headers={"X-Session-ID": cid, "Authorization": "Bearer unused"}) as held:  # the SDK's owner
+            chunks = held.iter_raw()
+            got = next(chunks)  # the conversation's engine is streaming: it dies mid-stream
+            kill(pair[home])
+            got += b"".join(chunks)
+        assert got.endswith(b'data: {"error":{"message":"the engine failed mid-stream","type":"upstream_error",'
+                            b'"code":502}}\n\ndata: [DONE]\n\n'), got[-300:]
         other = pair[1 - home]
         messages += [{"role": "assistant", "content": first.choices[0].message.content},
                      {"role": "user", "content": "after the kill"}]
