@@ -3,7 +3,8 @@
 Each engine computes a request's prompt and generates its answer itself, its prefix cache keeping what earlier
 turns computed, so the router's one decision is where: the engine that served the conversation's last turn
 (affinity.py), else the least loaded. Chat, completions, and the agent APIs translated into chat (Responses,
-Messages) all come here; so do prompt lists and n > 1, which an engine serves whole. What the router does not do
+Messages) come here through turns.py, a list of prompts one prompt at a time (batches.py, as in P/D mode; n > 1
+goes to one engine there too). What the router does not do
 here: no kv_transfer_params, no /tokenize, no handles, no prefix verification, no token ids asked for. The
 answer passes through as the engine sent it (its body and status, never its headers or address); only a derived
 conversation's reply is read on the side, to know its next request.

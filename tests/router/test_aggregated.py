@@ -208,3 +208,21 @@ def test_an_engine_killed_sends_its_conversations_to_the_other(tmp_path: Path) -
         assert err.value.response.json() == {"error": {"message": "no healthy engine (0 of 2 healthy)",
                                                        "type": "service_unavailable", "code": 503}}
         assert httpx.get(router.url + "/health", timeout=5).json()["reason"] == "no healthy engine"
+
+
+def test_a_prompt_list_and_n_samples_are_served_as_in_p_d_mode(agg_router: RouterProc,
+                                                                engines: tuple[SimProc, SimProc]) -> None:
+    """A list of prompts is one turn per prompt (each its own conversation), n > 1 one request to one engine."""
+    before = generated(engines)
+    r = httpx.post(agg_router.url + "/v1/completions", timeout=30,
+                   json={"model": SERVED, "prompt": ["first w13", "second w14"], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
+    assert sum(generated(engines)) - sum(before) == 4
+    before = generated(engines)
+    r = httpx.post(agg_router.url + "/v1/completions", timeout=30,
+                   json={"model": SERVED, "prompt": "sampled w15", "max_tokens": 2, "n": 2})
+    assert r.status_code == 200, r.text
+    assert sorted(c["index"] for c in r.json()["choices"]) == [0, 1]
+    served_by(engines, before)
+    assert_passed_through(r.content, r.headers)
