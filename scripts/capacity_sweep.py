@@ -16,7 +16,7 @@ setting. The machine's cores are shared: numbers are noisy.
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on,agg --sessions 32,48 --fresh --out /tmp/cap
-    python scripts/capacity_sweep.py --topologies 1p1d --legs on-work,agg,agg1 --sessions 8,16 --out /tmp/cap
+    python scripts/capacity_sweep.py --topologies 1p1d --legs agg,agg1 --sessions 8,16 --out /tmp/cap
 """
 
 from __future__ import annotations
@@ -140,7 +140,10 @@ def main() -> int:
             print("\n".join(capacity.table(points, slo)))
             best = {leg: capacity.largest_within([q for q in points if q.leg == leg], slo)
                     for leg in dict.fromkeys(q.leg for q in points)}
-            top = max((leg for leg in best if leg not in ("agg", "agg1")), key=lambda leg: best[leg])
+            pd_legs = [leg for leg in best if leg not in ("agg", "agg1")]
+            if not pd_legs:
+                continue
+            top = max(pd_legs, key=lambda leg: best[leg])
             agg = best.get("agg", 0)  # measured: one aggregated engine per GPU behind the router
             agg1_bound = best.get("agg1", 0) * gpus  # one engine's sessions times the GPUs, split perfectly
             print(f"\nbest P/D leg: {top} with {best[top]} sessions; off {best.get('off', 0)}; "
