@@ -60,11 +60,11 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path) -> dict[st
     return data
 
 
-def agg_leg(gpus: int) -> str:
-    """The aggregated leg on as many GPUs as the P/D legs use: one engine per GPU, as many decode instances on free
-    ports (pdctl puts its router in front of two or more)."""
+def agg_leg(name: str, gpus: int) -> str:
+    """An aggregated leg of one engine per GPU: as many decode instances on free ports (pdctl puts its router in
+    front of two or more)."""
     engines = ", ".join(f"{{node: local, port: {free_port()}, side_channel_port: {free_port()}}}" for _ in range(gpus))
-    return f"agg:mode=aggregated,decode=[{engines}]"
+    return f"{name}:mode=aggregated,decode=[{engines}]"
 
 
 def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
@@ -79,7 +79,7 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
             f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             "router.local_policy=work",
-            agg_leg(2 * n), "agg1:mode=aggregated"]
+            agg_leg("agg", 2 * n), agg_leg("agg1", 1)]
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     legs = [leg if leg.startswith(("agg:", "agg1:")) else ",".join([leg, *args.set]) for leg in legs]
     if not args.fresh:
