@@ -73,12 +73,14 @@ def engine_bind(topo: Topology, node: str) -> str:
 def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]:
     """Every process of the deployment, in start order. `self_python` runs pdctl where python.venv is null.
 
-    `mode: aggregated` is the one engine `aggregated-0` and no router: clients talk to the engine itself.
+    `mode: aggregated` is one engine per decode instance (`aggregated-<i>`): one alone takes the clients itself, no
+    router; two or more sit behind the router in its aggregated mode.
     """
     specs = [_engine(topo, role, i, inst, self_python) for role, i, inst in topo.instances()]
-    if topo.mode == "aggregated":
+    if not topo.has_router():
         return specs
-    specs.append(_router(topo, specs, self_python))
+    specs.append(_router(topo, specs, self_python) if topo.mode != "aggregated" else
+                 _aggregated_router(topo, specs, self_python))
     return specs
 
 
@@ -127,7 +129,7 @@ def kv_transfer_config(topo: Topology, role: Role, inst: Instance) -> dict[str, 
 def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str) -> ProcessSpec:
     node = topo.node(inst.node)
     aggregated = topo.mode == "aggregated"
-    name = "aggregated-0" if aggregated else f"{role}-{i}"
+    name = f"aggregated-{i}" if aggregated else f"{role}-{i}"
     env = {
         **topo.env.all,
         MARKER: topo.name,
@@ -152,7 +154,7 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
             env["HF_HOME"] = topo.hf_home
     env.update(getattr(topo.env, role))
     secret_env: dict[str, str] = {}
-    if aggregated:
+    if not topo.has_router():
         # The one engine is where clients connect, so it takes the clients' key (router.api_key_env), not the
         # deployment's engine key, which only the router and pdctl hold.
         client_key_env = topo.router.api_key_env
@@ -236,6 +238,22 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     return argv + extra
 
 
+def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
+    """The router in front of aggregated engines: whole requests and no handles, so none of the KV knobs."""
+    node = topo.node(topo.router.node)
+    r = topo.router
+    argv = [python_for(topo, self_python, node.name), "-m", "pdctl.router", "serve"]
+    argv += ["--host", r.bind or node.address, "--port", str(r.port), "--mode", "aggregated"]
+    argv += [a for e in engines for a in ("--decode", e.url)]
+    argv += ["--model", topo.model.name]
+    if r.api_key_env:
+        argv += ["--api-key-env", r.api_key_env]
+    for name in r.conversation_headers or ():
+        argv += ["--conversation-header", name]
+    argv += ["--engine-key-file", engine_key_path(topo, node.name)]
+    return _router_spec(topo, argv)
+
+
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
     node = topo.node(topo.router.node)
     r = topo.router
@@ -266,6 +284,12 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
     for name in r.conversation_headers or ():
         argv += ["--conversation-header", name]
     argv += ["--engine-key-file", engine_key_path(topo, node.name)]
+    return _router_spec(topo, argv)
+
+
+def _router_spec(topo: Topology, argv: list[str]) -> ProcessSpec:
+    r = topo.router
+    node = topo.node(r.node)
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
     url = f"http://{node.address}:{r.port}"
     return ProcessSpec(

@@ -5,8 +5,9 @@ Legs: off (no bidirectional transfer), on, on-local (conditional disaggregation:
 --local-tokens new tokens run on the decode alone), on-load (the same with router.local_policy=load: on the
 decode only while it has fewer than --busy-streams requests in flight, or the prefill has as many), on-work (the
 same with router.local_policy=work: on the decode while its in-flight prompt tokens are at most the prefill's plus
-the hop's cost), agg (one
-aggregated engine with prefix caching: one GPU, so its capacity per GPU is compared as well). Writes each
+the hop's cost), agg (one aggregated engine with prefix caching per GPU of the P/D legs, behind pdctl's router in
+its aggregated mode: a conversation's turns stay on one engine, new ones go to the least loaded), agg1 (one
+aggregated engine alone: one GPU, its capacity times the GPUs is the bound it gives). Writes each
 topology's `pdctl bench` output under --out and prints the largest number of sessions within the SLO per leg.
 The prefill's prefix caching is the topology's default (on); `--set 'prefill[*].prefix_caching=false'` gives run D's
 setting. The machine's cores are shared: numbers are noisy.
@@ -15,6 +16,7 @@ setting. The machine's cores are shared: numbers are noisy.
     python scripts/capacity_sweep.py --topologies 1p1d --sessions 1,4,16 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on,agg --sessions 32,48 --fresh --out /tmp/cap
+    python scripts/capacity_sweep.py --topologies 1p1d --legs agg,agg1 --sessions 8,16 --out /tmp/cap
 """
 
 from __future__ import annotations
@@ -64,7 +66,15 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path, num_blocks
     return data
 
 
+def agg_leg(name: str, gpus: int) -> str:
+    """An aggregated leg of one engine per GPU: as many decode instances on free ports (pdctl puts its router in
+    front of two or more)."""
+    engines = ", ".join(f"{{node: local, port: {free_port()}, side_channel_port: {free_port()}}}" for _ in range(gpus))
+    return f"{name}:mode=aggregated,decode=[{engines}]"
+
+
 def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capacity.Point]:
+    n = int(shape[0])
     path = tmp / f"{shape}.yaml"
     path.write_text(yaml.safe_dump(topology(shape, args.speed, args.max_num_seqs, tmp / shape, args.num_blocks,
                                             f"-{args.tag}" if args.tag else "")))
@@ -76,9 +86,9 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             f"router.local_policy=load,router.local_busy_streams={args.busy_streams}",
             f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             "router.local_policy=work",
-            "agg:mode=aggregated"]
+            agg_leg("agg", 2 * n), agg_leg("agg1", 1)]
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
-    legs = [leg if leg.startswith("agg:") else ",".join([leg, *args.set]) for leg in legs]
+    legs = [leg if leg.startswith(("agg:", "agg1:")) else ",".join([leg, *args.set]) for leg in legs]
     if not args.fresh:
         return bench(shape, args.sessions, legs, args, out / shape, path, tmp)
     # A point inherits the decode blocks that earlier points' last turns pinned (decoder_kv_blocks_ttl): one
@@ -137,21 +147,22 @@ def main() -> int:
         for shape in args.topologies.split(","):
             points = run(shape, args, args.out, Path(tmp))
             gpus = 2 * int(shape[0])
-            print(f"\n## {shape} (simulated, {gpus} GPUs for P/D legs, 1 for agg), SLO {slo.describe()}\n")
+            print(f"\n## {shape} (simulated, {gpus} GPUs for P/D legs and agg, 1 for agg1), SLO {slo.describe()}\n")
             print("\n".join(capacity.table(points, slo)))
             best = {leg: capacity.largest_within([q for q in points if q.leg == leg], slo)
                     for leg in dict.fromkeys(q.leg for q in points)}
-            pd_legs = [leg for leg in best if leg != "agg"]
+            pd_legs = [leg for leg in best if leg not in ("agg", "agg1")]
             if not pd_legs:
                 continue
             top = max(pd_legs, key=lambda leg: best[leg])
-            agg_same_gpus = best.get("agg", 0) * gpus  # one aggregated engine per GPU, sessions split perfectly
+            agg = best.get("agg", 0)  # measured: one aggregated engine per GPU behind the router
+            agg1_bound = best.get("agg1", 0) * gpus  # one engine's sessions times the GPUs, split perfectly
             print(f"\nbest P/D leg: {top} with {best[top]} sessions; off {best.get('off', 0)}; "
-                  f"agg {best.get('agg', 0)} on 1 GPU, at most {agg_same_gpus} on {gpus} GPUs")
+                  f"agg {agg} on {gpus} GPUs; agg1 {best.get('agg1', 0)} on 1 GPU, at most {agg1_bound} on {gpus}")
             off = best.get("off", 0)
             print(f"{top}/off = {best[top] / off:.2f}x" if off else f"{top}/off: off holds no session")
-            print(f"{top}/agg on {gpus} GPUs = {best[top] / agg_same_gpus:.2f}x" if agg_same_gpus else
-                  "agg holds no session")
+            if "agg" in best:
+                print(f"{top}/agg on {gpus} GPUs = {best[top] / agg:.2f}x" if agg else "agg holds no session")
     return 0
 
 

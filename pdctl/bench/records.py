@@ -96,7 +96,8 @@ class LegResult:
     router_stats: RouterStats | None = None  # the router's /stats at the end of the leg
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
-    mode: str = "disaggregated"  # aggregated: one engine serving whole requests, the baseline
+    mode: str = "disaggregated"  # aggregated: engines serving whole requests, the baseline
+    engines: int = 1  # engine processes the leg ran (aggregated: one per decode instance)
     capacity: list[dict[str, Any]] = field(default_factory=list)  # capacity points (pdctl.bench.capacity.Point)
 
     @property
@@ -109,6 +110,7 @@ class LegResult:
             "overrides": self.overrides,
             "bidirectional": self.bidirectional,
             "mode": self.mode,
+            "engines": self.engines,
             "simulated": self.simulated,
             "passed": self.passed,
             "failures": self.failures,

@@ -245,7 +245,7 @@ def _triple(rows: list[SummaryRow], leg: str, n: int, metric: str) -> str:
 
 def _onoff(leg: LegResult) -> str:
     if leg.mode == "aggregated":
-        return "aggregated (one engine)"
+        return "aggregated (one engine)" if leg.engines == 1 else f"aggregated ({leg.engines} engines)"
     return "on" if leg.bidirectional else "off"
 
 

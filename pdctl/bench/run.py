@@ -173,6 +173,7 @@ def run_leg(
         bidirectional=bidirectional(topo),
         simulated=topo.engine == "sim",
         mode=topo.mode,
+        engines=len(ep.prefill_urls) + len(ep.decode_urls),
     )
     started = time.monotonic()
     client = ClientOptions(
@@ -274,7 +275,7 @@ def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress:
 
 def _calibrated(workload: WorkloadSpec, ep: Endpoints, hosts: Hosts) -> WorkloadSpec:
     """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
-    engine = (ep.prefill_urls or ep.decode_urls)[:1]  # an aggregated leg has only its one engine
+    engine = (ep.prefill_urls or ep.decode_urls)[:1]  # an aggregated leg has only its engines
     if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not engine:
         return workload
     sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)

@@ -50,9 +50,9 @@ def nixl_problems(log_text: str, expected_rails: int) -> list[str]:
 def check_engine_logs(topo: Topology, logs: Mapping[str, str]) -> None:
     """Raise LaunchError when any engine's NIXL log (engine name -> log text) shows a bad EFA transport.
 
-    Does nothing unless `efa.required` is true.
+    Does nothing unless `efa.required` is true, nor in `mode: aggregated`, whose engines run no KV connector.
     """
-    if not topo.efa.required:
+    if not topo.efa.required or topo.mode == "aggregated":
         return
     found = {name: nixl_problems(text, topo.efa.devices) for name, text in logs.items()}
     bad = {name: p for name, p in found.items() if p}
@@ -74,7 +74,7 @@ def engine_nixl_lines(transport: Transport, log_path: str) -> str:
 
 def check_launched(topo: Topology, engines: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:
     """After the engines are healthy: read each one's NIXL lines on its host and `check_engine_logs` them."""
-    if not topo.efa.required:
+    if not topo.efa.required or topo.mode == "aggregated":
         return
     specs = [s for s in engines if s.role != "router"]
 
@@ -119,7 +119,7 @@ def check_shared_gpu_rate(
     """After the smoke test of a deployment whose instances share a GPU over UCX: LaunchError when its KV transfers
     ran at the slow path's rate. vLLM logs `KV Transfer metrics` every few seconds after a transfer, so this waits
     up to `wait_s` for a line; returns the rate seen (None: no transfer logged, nothing to judge)."""
-    if topo.engine != "vllm" or topo.connector.backend != "UCX" or not topo.shared_gpus():
+    if topo.engine != "vllm" or topo.connector.backend != "UCX" or not topo.shared_gpus() or topo.mode == "aggregated":
         return None
     import time
 

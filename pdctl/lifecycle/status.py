@@ -141,7 +141,7 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         for node, procs in live.items():
             report.strays += [f"{node}: {name}" for name in procs if name not in by_name]
         if router is None:
-            report.router = None  # mode: aggregated: clients talk to the engine itself
+            report.router = None  # one aggregated engine: clients talk to the engine itself
         elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
         else:

@@ -116,7 +116,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         store.save(state)
         result = None
         if opts.smoke:
-            console.print(f"smoke test: two turns through the {'engine' if topo.mode == 'aggregated' else 'router'}")
+            console.print(f"smoke test: two turns through the {'router' if topo.has_router() else 'engine'}")
             try:
                 result = smoke_test(topo, router_url, hosts[entry(specs).node])
             except SmokeTestError as exc:

@@ -1,4 +1,5 @@
-"""pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances.
+"""pdctl's KV-cache-aware router: an ASGI app between OpenAI clients and P/D engine instances (or, in aggregated
+mode, whole engines).
 
 Modules, one concept each:
     wire          the public signals: X-PD-* headers and their reasons, the /stats document (RouterStats)
@@ -20,6 +21,9 @@ Modules, one concept each:
     decode        the decode hop: stream through, capture the new handle, strip internals
     sse           whole server-sent events out of an upstream's byte stream
     proxy         one completion request, start to end
+    turns         one conversation turn in the router's mode: proxy (P/D) or aggregated
+    aggregated    --mode aggregated: each request whole to one engine, by conversation affinity, else least load
+    affinity      aggregated mode's conversation -> engine table and its choice of engine
     batches       a list of prompts (one flow each) and n > 1 (a decode alone)
     identity      conversation ids from the headers agent tools send
     chatstream    a chat answer as neutral events (whole and streamed alike)

@@ -79,7 +79,10 @@ class Dispatcher:
                 self.state.decode, self.state.client, cfg.health_interval, cfg.health_timeout)))
         self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
                         for u in self.state.decode.members]
-        log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
+        if cfg.mode == "aggregated":
+            log.info("Ready: aggregated, %d engines", len(cfg.decode))
+        else:
+            log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
 
     async def shutdown(self) -> None:
         for t in self._tasks:

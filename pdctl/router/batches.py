@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.types import Message, Receive, Send
 
-from pdctl.router import decode, jsonx, proxy, wire
+from pdctl.router import decode, jsonx, proxy, turns, wire
 from pdctl.router.context import RequestContext
 from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import send_bytes, send_error
@@ -79,7 +79,7 @@ async def completions(state: RouterState, ctx: RequestContext, receive: Receive,
         await _streamed(state, ctx, receive, send, batch)
         return
     outs = [_Collect() for _ in batch]
-    await asyncio.gather(*(proxy.completion(state, ctx.prompt(i, p), receive, outs[i]) for i, p in enumerate(batch)))
+    await asyncio.gather(*(turns.completion(state, ctx.prompt(i, p), receive, outs[i]) for i, p in enumerate(batch)))
     failed = next((o for o in outs if o.status != 200), None)
     if failed is not None:
         await send_bytes(send, failed.status, b"".join(failed.body))
@@ -103,7 +103,7 @@ async def _streamed(state: RouterState, ctx: RequestContext, receive: Receive, s
     started = [False]
     for i, p in enumerate(batch):
         stream = _Relay(send, i, last=i == len(batch) - 1, started=started)
-        await proxy.completion(state, ctx.prompt(i, p), receive, stream)
+        await turns.completion(state, ctx.prompt(i, p), receive, stream)
         if stream.failed:
             return
 

@@ -25,6 +25,7 @@ from pdctl.router.placement import POLICIES, LocalPolicy
 
 T = TypeVar("T")
 VerifyAt = Literal["prefill", "router"]
+RouterMode = Literal["disaggregated", "aggregated"]
 
 
 def knob(default: T, help: str, *, flag: str | None = None) -> T:
@@ -38,8 +39,15 @@ def _meta(help: str, flag: str | None = None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RouterConfig:
-    prefill: tuple[str, ...] = field(metadata=_meta("Prefill instance URL (repeat for more)."))
-    decode: tuple[str, ...] = field(metadata=_meta("Decode instance URL (repeat for more)."))
+    prefill: tuple[str, ...] = knob((), "Prefill instance URL (repeat for more).")
+    decode: tuple[str, ...] = knob((), "Decode instance URL (repeat for more); --mode aggregated: each engine's.")
+    mode: RouterMode = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
+        "disaggregated",
+        "disaggregated: each turn through a prefill and a decode, with KV transfer between them; aggregated: every "
+        "--decode is a whole engine (prefix caching, no KV connector, no --prefill) and each request goes whole "
+        "to one, a conversation's later turns to the engine that served its last one, a new one to the least "
+        "loaded.",
+    )
     model: str = knob("default", "Served model name (used for /tokenize).")
     block_size: int = knob(VLLM_BLOCK_SIZE, "KV block size in tokens (partial reuse is whole blocks).")
     handle_ttl: float = knob(HANDLE_TTL_S, "Seconds the router trusts a decode handle.")
@@ -127,7 +135,12 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.prefill:
+        aggregated = self.mode == "aggregated"
+        if self.mode not in ("disaggregated", "aggregated"):
+            problems.append(f"--mode must be disaggregated or aggregated, got {self.mode!r}")
+        if aggregated and self.prefill:
+            problems.append("--mode aggregated takes no --prefill URL (every --decode is a whole engine)")
+        elif not self.prefill and not aggregated:
             problems.append("at least one --prefill URL is needed")
         if not self.decode:
             problems.append("at least one --decode URL is needed")

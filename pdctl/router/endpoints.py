@@ -12,10 +12,11 @@ from pdctl.router.state import RouterState
 
 
 async def health(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
-    pools = {p.role: {"healthy": len(p.healthy()), "total": len(p.members)} for p in (state.prefill, state.decode)}
+    roles = (state.decode,) if state.config.mode == "aggregated" else (state.prefill, state.decode)
+    pools = {p.role: {"healthy": len(p.healthy()), "total": len(p.members)} for p in roles}
     down = [role for role, n in pools.items() if not n["healthy"]]
     if down:
-        reason = " and ".join(f"no healthy {r} instance" for r in down)
+        reason = "no healthy engine" if len(roles) == 1 else " and ".join(f"no healthy {r} instance" for r in down)
         await send_bytes(send, 503, jsonx.dumps({"status": "unavailable", "reason": reason, **pools}))
     else:
         await send_bytes(send, 200, jsonx.dumps({"status": "ok", "live_handles": len(state.handles), **pools}))

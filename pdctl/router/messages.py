@@ -1,6 +1,6 @@
 """POST /v1/messages: Anthropic Messages over the P/D path.
 
-The request becomes a chat completion (messages_in), runs through proxy.completion with every guarantee of the
+The request becomes a chat completion (messages_in), runs through turns.completion with every guarantee of the
 chat path, and the answer is rendered back (messages_out). Errors on this route are in Anthropic's shape
 (apishape.AnthropicErrors rewrites the shared code's OpenAI-shaped ones).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import Receive, Send
 
-from pdctl.router import proxy
+from pdctl.router import turns
 from pdctl.router.context import RequestContext
 from pdctl.router.errors import send_error
 from pdctl.router.messages_in import to_chat
@@ -26,4 +26,4 @@ async def create(state: RouterState, ctx: RequestContext, receive: Receive, send
         await send_error(send, 400, e.message)
         return
     out = Translating(send, MessagesRenderer(chat["model"]))
-    await proxy.completion(state, ctx.translated(chat), receive, out)
+    await turns.completion(state, ctx.translated(chat), receive, out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import Receive, Send
 
-from pdctl.router import proxy
+from pdctl.router import proxy, turns
 from pdctl.router.context import RequestContext
 from pdctl.router.errors import send_error
 from pdctl.router.responses_in import BadInput, to_chat
@@ -46,4 +46,4 @@ async def create(state: RouterState, ctx: RequestContext, receive: Receive, send
         if renderer.finish is not None and body.get("store", True) is not False:
             store.put(response_id, req.history + output_messages(renderer.outputs), sub.conversation, whose)
 
-    await proxy.completion(state, sub, receive, Translating(send, renderer, keep))
+    await turns.completion(state, sub, receive, Translating(send, renderer, keep))

@@ -13,7 +13,7 @@ from typing import Literal
 
 from starlette.types import Receive, Send
 
-from pdctl.router import batches, endpoints, messages, passthrough, proxy, responses
+from pdctl.router import batches, endpoints, messages, passthrough, responses, turns
 from pdctl.router.context import RequestContext
 from pdctl.router.state import RouterState
 
@@ -51,13 +51,14 @@ class RouteTable:
 
 
 async def generation(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
-    """Chat and completions: one conversation turn (proxy), or a list of prompts or n > 1 samples (batches)."""
+    """Chat and completions: one conversation turn (turns: proxy, or aggregated), or a list of prompts or n > 1
+    samples (batches)."""
     if not ctx.chat and (batch := batches.prompts(ctx.body)) is not None:
         await batches.completions(state, ctx, receive, send, batch)
     elif batches.samples(ctx.body) > 1:
         await batches.sampled(state, ctx, receive, send)
     else:
-        await proxy.completion(state, ctx, receive, send)
+        await turns.completion(state, ctx, receive, send)
 
 
 # Stateless engine routes: forwarded as they are (passthrough.py).

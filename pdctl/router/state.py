@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from pdctl.router.admission import Gate
+from pdctl.router.affinity import AffinityTable, EngineChoice
 from pdctl.router.capacity import Capacities
 from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
@@ -33,6 +34,8 @@ class RouterState:
     decode_gate: Gate
     releaser: Releaser
     capacities: Capacities
+    affinity: AffinityTable  # aggregated mode's conversation -> engine (disaggregated: the handles say it)
+    engine_choice: EngineChoice
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
 
@@ -61,6 +64,8 @@ class RouterState:
             decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
             releaser=releaser,
             capacities=capacities,
+            affinity=AffinityTable(config.max_handles, index=index),
+            engine_choice=EngineChoice(),
         )
 
     @property

@@ -336,9 +336,11 @@ class Topology(Strict):
     engine: Literal["vllm", "sim"] = Field("vllm", description="vllm on GPUs, or pdctl's simulator.")
     mode: Literal["disaggregated", "aggregated"] = Field(
         "disaggregated",
-        description="disaggregated: prefill and decode instances behind the router. aggregated: the baseline of "
-        "one engine (decode[0]'s node, GPUs and port) serving whole requests with prefix caching, no KV "
-        "connector, no router; clients talk to it directly.",
+        description="disaggregated: prefill and decode instances behind the router. aggregated: the baseline a "
+        "user would run instead: one engine per decode instance (its node, GPUs and port; `prefill` is not run), "
+        "each serving whole requests with prefix caching and no KV connector. With one, clients talk to it "
+        "directly; with more, the router forwards each request whole to one of them: a conversation's later "
+        "turns to the engine that served its last one, a new conversation to the least loaded.",
     )
     nodes: list[Node] = Field(min_length=1)
     model: Model
@@ -376,10 +378,14 @@ class Topology(Strict):
     def instances(self) -> list[tuple[Role, int, Instance]]:
         """Every engine instance that runs, decodes first (the order they are started in)."""
         if self.mode == "aggregated":
-            return [("decode", 0, self.decode[0])]
+            return [("decode", i, d) for i, d in enumerate(self.decode)]
         return [("decode", i, d) for i, d in enumerate(self.decode)] + [
             ("prefill", i, p) for i, p in enumerate(self.prefill)
         ]
+
+    def has_router(self) -> bool:
+        """Whether the router runs: always disaggregated; aggregated only in front of two or more engines."""
+        return self.mode != "aggregated" or len(self.decode) > 1
 
     def model_for(self, inst: Instance) -> Model:
         if inst.model is None:

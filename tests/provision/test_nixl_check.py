@@ -54,3 +54,9 @@ def test_check_engine_logs_fails_up_only_on_efa_topologies() -> None:
         "  decode-0: NIXL fell back to TCP: libfabric found no EFA device; NIXL rails use provider=tcp, not efa",
     ]
     check_engine_logs(topology(efa={"required": False}), {"decode-0": TCP})
+
+
+def test_aggregated_engines_have_no_nixl_to_check() -> None:
+    two = [{"node": "a", "port": 18200}, {"node": "a", "port": 18201, "side_channel_port": 5700}]
+    check_engine_logs(topology(efa={"required": True}, mode="aggregated", decode=two),
+                      {"aggregated-0": "INFO vllm started\n", "aggregated-1": TCP})

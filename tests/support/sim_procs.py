@@ -93,9 +93,11 @@ def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float
               num_blocks: int = 4000, max_model_len: int = 32768, max_num_seqs: int = 64,
               prefix_caching: bool | None = None, bidirectional: bool = True, threshold: int = 0,
               ttl: float = 480, policy: str = "fail", args: Sequence[str] = (),
-              wait_s: float = 30, port: int | None = None, side_port: int | None = None) -> SimProc:
+              wait_s: float = 30, port: int | None = None, side_port: int | None = None,
+              connector: bool = True) -> SimProc:
     """Start one simulator and wait for /health. Prefill defaults to no prefix caching, as the anchor setup.
-    `port`/`side_port` pin the ports (a restart in place: `start_sim(..., port=old.port, side_port=old.side_port)`)."""
+    `port`/`side_port` pin the ports (a restart in place: `start_sim(..., port=old.port, side_port=old.side_port)`).
+    `connector=False`: no KV connector, as an aggregated engine runs."""
     name = name or role
     port, side_port = port or free_port(), side_port or free_port()
     log_path = Path(log_dir) / f"{name}.log"
@@ -105,7 +107,7 @@ def start_sim(log_dir: Path, role: str, *, name: str | None = None, speed: float
             "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
             "--block-size", str(block_size), "--num-gpu-blocks", str(num_blocks),
             *([] if caching else ["--no-enable-prefix-caching"]),
-            "--kv-transfer-config", kv_config(role, bidirectional, threshold, ttl, policy),
+            *(["--kv-transfer-config", kv_config(role, bidirectional, threshold, ttl, policy)] if connector else []),
             "--speed", f"{speed:g}", *args]
     env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
            "PYTHONUNBUFFERED": "1"}
