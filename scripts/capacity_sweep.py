@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,26 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdctl.bench import capacity
 from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
-from tests.conftest import free_port
+from tests.conftest import free_port as ephemeral_port
 
 ROOT = Path(__file__).resolve().parents[1]
+_next_port = [0]  # --port-base: listen ports handed out upwards from it; 0: any free ephemeral port
+
+
+def free_port() -> int:
+    """A port to listen on. Sweeps running at once on one host take theirs from separate ranges below the
+    ephemeral range (--port-base), where no other sweep's outgoing connection can hold one."""
+    if not _next_port[0]:
+        return ephemeral_port()
+    while True:
+        port = _next_port[0]
+        _next_port[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 # What one H200 holds for Qwen3-32B (256 KiB a token) at vLLM's default gpu_memory_utilization: "GPU KV cache size:
@@ -138,10 +156,14 @@ def main() -> int:
                    help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
     p.add_argument("--fresh", action="store_true",
                    help="one pdctl bench per session count (fresh engines per point), each under OUT/SHAPE/sN")
+    p.add_argument("--port-base", type=int, default=0,
+                   help="hand out listen ports upwards from this one (0: free ephemeral ports); sweeps at once: "
+                   "ranges apart, below the ephemeral range (e.g. 20000, 20500, ...)")
     p.add_argument("--tag", default="", help="deployment name suffix: sweeps running at once need distinct names "
                    "(pdctl up stops the processes of a deployment of the same name)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
     args = p.parse_args()
+    _next_port[0] = args.port_base
     slo = capacity.Slo.parse(args.slo)
     with tempfile.TemporaryDirectory(prefix="capacity-") as tmp:
         for shape in args.topologies.split(","):

@@ -33,7 +33,7 @@ case "${1:-}" in
       i=$((i + 1))
       echo "[$i] capacity_sweep.py $line" | tee "$out/$i.log"
       # shellcheck disable=SC2086
-      PYTHONPATH=$PWD timeout "${LINE_TIMEOUT:-560}" "$VENV"/bin/python scripts/capacity_sweep.py $line --tag "s$i" --out "$out/$i" >>"$out/$i.log" 2>&1 &
+      PYTHONPATH=$PWD timeout "${LINE_TIMEOUT:-560}" "$VENV"/bin/python scripts/capacity_sweep.py $line --tag "s$i" --port-base $((20000 + 400 * i)) --out "$out/$i" >>"$out/$i.log" 2>&1 &
     done <"$spec"
     fails=0
     for job in $(jobs -p); do wait "$job" || fails=$((fails + 1)); done
