@@ -66,7 +66,7 @@ def test_both_patches_once_then_nothing(tmp_path: Path) -> None:
 
     assert node.compat().changes == [BOTH.format(v="0.26.0")]
     assert PATCHED_MARKER in node.text(CHAT)
-    assert node.text(PULL).count(PREFIX_MARKER) == 3
+    assert node.text(PULL).count(PREFIX_MARKER) == 4
     assert node.text(COPY) == (REPO / "pdctl/prefix_check.py").read_text()
     again = node.compat()
     assert (again.changes, again.noop) == ([], "vLLM 0.26.0 already carries pdctl's streaming patch and prefix check")

@@ -107,7 +107,7 @@ def test_vllm_efa_host_is_provisioned_once(tmp_path: Path, wheelhouse: Path, whe
     chat = site / "vllm/entrypoints/openai/chat_completion/serving.py"
     assert PATCHED_MARKER in chat.read_text()
     nixl = site / "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
-    assert (nixl / "pull_scheduler.py").read_text().count(PREFIX_MARKER) == 3
+    assert (nixl / "pull_scheduler.py").read_text().count(PREFIX_MARKER) == 4
     assert (nixl / "pdctl_prefix_check.py").read_bytes() == Path(prefix_check.__file__).read_bytes()
     assert (root / "opt/amazon/efa_installed_packages").read_text().startswith("# EFA installer version: 1.47.0")
     assert (root / "home/hf/hub/models--Qwen--Qwen3-32B/refs/main").exists()
