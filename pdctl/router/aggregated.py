@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Literal
 
 import httpx
 from starlette.types import Receive, Send
 
 from pdctl.router import jsonx, placement, proxy
+from pdctl.router.affinity import AffinityTable
 from pdctl.router.capture import Capture
 from pdctl.router.context import RequestContext
 from pdctl.router.conversation import Derivation
@@ -32,11 +34,21 @@ from pdctl.router.disconnect import cancel_on_disconnect
 from pdctl.router.errors import error_body, relayed_error, send_bytes, send_error
 from pdctl.router.sse import SseEvents
 from pdctl.router.state import RouterState
-from pdctl.router.upstreams import Upstream
+from pdctl.router.upstreams import Pool, Upstream
 
 log = logging.getLogger("pdctl.router")
 
 ROLE = "engine"
+
+
+@dataclass(frozen=True, slots=True)
+class Via:
+    """Where whole requests go: the pool, the table that remembers which of its engines served a conversation, and
+    headers the client gets with a 200 (overflow.py serves turns whole on a prefill through here too)."""
+
+    pool: Pool
+    table: AffinityTable
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -73,12 +85,13 @@ async def _forward(state: RouterState, ctx: RequestContext, send: Send) -> None:
     tokens = placement.prompt_tokens(ctx.body)
     tried: list[Upstream] = []
     error = b""
+    via = Via(state.decode, state.affinity)
     for _ in state.decode.members:
         u = state.engine_choice.pick(state.decode, last, exclude=tried)
         if u is None:
             break
         tried.append(u)
-        out = await _attempt(state, ctx, u, send, payload, tokens)
+        out = await attempt(state, ctx, via, u, send, payload, tokens)
         if out is True:
             return
         error = out
@@ -93,8 +106,8 @@ class _Reply:
     """What the engine answered, read on the side for a derived conversation (its next request is matched by
     it); for others it reads nothing. Records the engine for the conversation before the client sees the end."""
 
-    def __init__(self, state: RouterState, ctx: RequestContext, u: Upstream) -> None:
-        self.state, self.ctx, self.u = state, ctx, u
+    def __init__(self, ctx: RequestContext, table: AffinityTable, u: Upstream) -> None:
+        self.ctx, self.table, self.u = ctx, table, u
         self.derivation = ctx.derivation if ctx.conversation is not None else None
         self.capture = Capture(ctx.chat, keep_ids=True) if self.derivation is not None else None
         self.events = SseEvents()
@@ -136,7 +149,7 @@ class _Reply:
         key = None
         if self.derivation is not None and self.capture is not None:
             key = self.derivation.reply_key(self.capture.reply(), self.capture.output_ids or None)
-        self.state.affinity.put(cid, self.u, key)
+        self.table.put(cid, self.u, key)
 
 
 class _InFlight:
@@ -155,14 +168,15 @@ class _InFlight:
             self.u.outstanding -= 1
 
 
-async def _attempt(state: RouterState, ctx: RequestContext, u: Upstream, send: Send, payload: bytes,
-                   tokens: int) -> Literal[True] | bytes:
-    """True once the client has its answer; else the failure's error body, and the caller tries another engine."""
+async def attempt(state: RouterState, ctx: RequestContext, via: Via, u: Upstream, send: Send, payload: bytes,
+                  tokens: int) -> Literal[True] | bytes:
+    """True once the client has its answer; else the failure's error body (nothing was sent), and the caller tries
+    another engine."""
     busy = _InFlight(u, tokens)
     try:
         if ctx.body.get("stream"):
-            return await _stream(state, ctx, busy, placement.done_at_first_body(busy.work, send), payload)
-        return await _whole(state, ctx, busy, send, payload)
+            return await _stream(state, ctx, via, busy, placement.done_at_first_body(busy.work, send), payload)
+        return await _whole(state, ctx, via, busy, send, payload)
     finally:
         busy.done()
 
@@ -171,15 +185,15 @@ def _headers(ctx: RequestContext) -> dict[str, str]:
     return {"content-type": "application/json", "x-request-id": ctx.rid}
 
 
-def _failed(state: RouterState, ctx: RequestContext, u: Upstream, kind: str, exc: Exception | None = None,
-            status: int = 502, content: bytes = b"") -> bytes:
+def _failed(state: RouterState, ctx: RequestContext, via: Via, u: Upstream, kind: str,
+            exc: Exception | None = None, status: int = 502, content: bytes = b"") -> bytes:
     state.metrics.error(u.role, kind)
-    log.warning("[%s] engine %s failed before the first byte (%s); trying another", ctx.rid, u.url, kind)
+    log.warning("[%s] %s %s failed before the first byte (%s)", ctx.rid, u.role, u.url, kind)
     if isinstance(exc, httpx.TimeoutException):
-        state.decode.failed(u, slow=True)
+        via.pool.failed(u, slow=True)
     elif exc is not None:  # refused, reset or closed: the process may be gone
-        state.decode.lost(u)
-        state.decode.failed(u)
+        via.pool.lost(u)
+        via.pool.failed(u)
     if isinstance(exc, httpx.ConnectError):
         return error_body(502, "no engine could be reached")
     return relayed_error(status, content, ROLE) if content else error_body(status, f"the engine failed ({kind})")
@@ -191,62 +205,62 @@ def _kind(exc: httpx.HTTPError) -> str:
     return "connect" if isinstance(exc, httpx.ConnectError) else "read"
 
 
-async def _whole(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
+async def _whole(state: RouterState, ctx: RequestContext, via: Via, busy: _InFlight, send: Send,
                  payload: bytes) -> Literal[True] | bytes:
     u = busy.u
     try:
         resp = await state.http.post(f"{u.url}{ctx.path}", content=payload, headers=_headers(ctx))
     except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
+        return _failed(state, ctx, via, u, _kind(exc), exc)
     busy.done()
     if resp.status_code >= 500:
-        return _failed(state, ctx, u, f"http_{resp.status_code}", content=resp.content)
-    state.decode.succeeded(u)
+        return _failed(state, ctx, via, u, f"http_{resp.status_code}", content=resp.content)
+    via.pool.succeeded(u)
     if resp.status_code != 200:
         await send_bytes(send, resp.status_code, relayed_error(resp.status_code, resp.content, ROLE))
         return True
-    _Reply(state, ctx, u).whole(resp.content)
+    _Reply(ctx, via.table, u).whole(resp.content)
     ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-    await send_bytes(send, 200, resp.content, content_type=ctype)
+    await send_bytes(send, 200, resp.content, via.headers, content_type=ctype)
     return True
 
 
-async def _stream(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
+async def _stream(state: RouterState, ctx: RequestContext, via: Via, busy: _InFlight, send: Send,
                   payload: bytes) -> Literal[True] | bytes:
     u = busy.u
     req = state.http.build_request("POST", f"{u.url}{ctx.path}", content=payload, headers=_headers(ctx))
     try:
         resp = await state.http.send(req, stream=True)
     except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
+        return _failed(state, ctx, via, u, _kind(exc), exc)
     try:
-        return await _relay(state, ctx, busy, send, resp)
+        return await _relay(state, ctx, via, busy, send, resp)
     finally:
         await resp.aclose()
 
 
-async def _relay(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
+async def _relay(state: RouterState, ctx: RequestContext, via: Via, busy: _InFlight, send: Send,
                  resp: httpx.Response) -> Literal[True] | bytes:
     u = busy.u
     if resp.status_code != 200:
         try:
             content = await resp.aread()
         except httpx.HTTPError as exc:
-            return _failed(state, ctx, u, _kind(exc), exc)
+            return _failed(state, ctx, via, u, _kind(exc), exc)
         if resp.status_code >= 500:
-            return _failed(state, ctx, u, f"http_{resp.status_code}", content=content)
+            return _failed(state, ctx, via, u, f"http_{resp.status_code}", content=content)
         await send_bytes(send, resp.status_code, relayed_error(resp.status_code, content, ROLE))
         return True
     chunks = resp.aiter_raw()
     try:
         first = await chunks.__anext__()
     except StopAsyncIteration:
-        return _failed(state, ctx, u, "empty_stream")
+        return _failed(state, ctx, via, u, "empty_stream")
     except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
-    state.decode.succeeded(u)
-    reply = _Reply(state, ctx, u)
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        return _failed(state, ctx, via, u, _kind(exc), exc)
+    via.pool.succeeded(u)
+    reply = _Reply(ctx, via.table, u)
+    await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *via.headers]})
     state.metrics.ttft_seconds.observe(time.perf_counter() - ctx.started)
     try:
         data = first
@@ -259,9 +273,9 @@ async def _relay(state: RouterState, ctx: RequestContext, busy: _InFlight, send:
     except httpx.HTTPError as exc:
         slow = isinstance(exc, httpx.TimeoutException)
         if not slow:
-            state.decode.eject(u)
+            via.pool.eject(u)
         state.metrics.error(u.role, "mid_stream_timeout" if slow else "mid_stream")
-        log.error("[%s] engine %s failed mid-stream (%s)%s", ctx.rid, u.url, type(exc).__name__,
+        log.error("[%s] %s %s failed mid-stream (%s)%s", ctx.rid, u.role, u.url, type(exc).__name__,
                   "" if slow else "; ejected it from the pool")
         reply.kept = True  # the conversation's reply is not whole: its next request will not match it
         tail = b"data: " + error_body(502, "the engine failed mid-stream") + b"\n\ndata: [DONE]\n\n"
