@@ -7,6 +7,7 @@ each generated)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
 from pdctl.router.overflow import whole_on_prefill
 from pdctl.router.upstreams import Upstream
-from tests.router.conftest import RouterProc, router_process
+from tests.router.conftest import RouterProc, assert_clean, router_process
 from tests.router.faults import eventually, kill
 from tests.router.talk import Reply, send
 from tests.support.sim_procs import SERVED, SimProc, sim_process
@@ -131,6 +132,7 @@ def test_every_api_shape_is_served_whole_on_the_prefill(engines: tuple[SimProc, 
             before = _generated(p, d)
             r = c.post(router.url + path, json=body, headers={"x-conversation-id": f"shape-{uuid.uuid4().hex}"})
             assert r.status_code == 200, (path, r.text)
+            assert_clean(re.sub(rb'"(kv_transfer_params|prompt_token_ids|token_ids)":null', b"", r.content), r.headers)
             after = _generated(p, d)
             assert after[0] > before[0] and after[1] == before[1], path
         assert router.stats()["whole_prefill_turns"] == turns + len(requests)
