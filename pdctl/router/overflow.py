@@ -4,7 +4,7 @@ With one decode, every live conversation's context sits in that decode's KV whil
 stay mostly idle (docs/results/sim-capacity). A prefill engine (kv_role kv_both, prefix caching) serves a plain
 completion as an aggregated engine does: no kv_transfer_params, no P->D handoff. So when the decode a turn would
 use is above `router.overflow_kv` of its KV (with this turn's tokens) and a prefill is below it, the turn goes
-whole to the least used such prefill, through aggregated mode's forwarding (aggregated.py), and the
+whole to the least used such prefill, through the forwarding aggregated mode uses (whole.py), and the
 conversation's later turns follow it there (its prompt is in that prefill's prefix cache) while that prefill
 stays below the threshold. The price: decode steps on the prefill lengthen the prefill hop of other turns.
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from starlette.types import Send
 
-from pdctl.router import aggregated, jsonx, placement, wire
+from pdctl.router import jsonx, placement, whole, wire
 from pdctl.router.affinity import Served
 from pdctl.router.context import RequestContext
 from pdctl.router.state import RouterState
@@ -100,8 +100,8 @@ async def run(state: RouterState, ctx: RequestContext, send: Send, p: Upstream) 
     reuse = wire.Reuse("hit" if current is p else "miss", 0, wire.WHOLE_PREFILL)
     eligible = current is p or (cid is not None and state.handles.get(cid) is not None)
     state.kv_use.sent(p, turn_tokens(ctx))
-    via = aggregated.Via(state.prefill, state.overflowed, (reuse.raw(),))
-    out = await aggregated.attempt(state, ctx, via, p, send, jsonx.dumps(ctx.body), placement.prompt_tokens(ctx.body))
+    via = whole.Via(state.prefill, state.overflowed, (reuse.raw(),))
+    out = await whole.attempt(state, ctx, via, p, send, jsonx.dumps(ctx.body), placement.prompt_tokens(ctx.body))
     if out is not True:
         log.warning("[%s] prefill %s could not serve the turn whole; through the decode instead", ctx.rid, p.url)
         return False
