@@ -61,4 +61,5 @@ released)."""
 OVERFLOW_KV = 0.85
 """router.overflow_kv: the decode KV use above which a turn runs whole on a prefill with KV to spare (0: off).
 The decode of a 1P1D holds every live conversation's context while the prefill's KV is mostly idle
-(docs/results/sim-capacity); past this fraction a new turn would soon queue for KV on the decode."""
+(docs/results/sim-capacity); past this fraction a new turn would soon queue for KV on the decode. Simulated
+1P1D, 64/80/96 sessions, warm TTFT p90: off 583/3479/10306 ms, 0.85 584/698/979, 0.95 478/1096/1767 (README)."""
