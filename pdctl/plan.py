@@ -16,6 +16,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
     VERIFY_AT,
@@ -279,6 +280,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--pin-budget-tokens", str(r.pin_budget_tokens)]
     elif r.pin_budget_fraction != PIN_BUDGET_FRACTION:
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
+    if (r.overflow_kv or 0.0) != OVERFLOW_KV:
+        argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
     if r.api_key_env:
         argv += ["--api-key-env", r.api_key_env]
     for name in r.conversation_headers or ():

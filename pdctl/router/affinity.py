@@ -50,6 +50,12 @@ class AffinityTable:
             gone, served = self._last.popitem(last=False)
             self._discard(gone, served)
 
+    def drop(self, cid: str) -> None:
+        """Forget the conversation (its turns are served another way now)."""
+        served = self._last.pop(cid, None)
+        if served is not None:
+            self._discard(cid, served)
+
     def _discard(self, cid: str, served: Served) -> None:
         if self.index is not None and served.derived_key is not None:
             self.index.discard(served.derived_key, cid)

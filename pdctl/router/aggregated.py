@@ -6,8 +6,8 @@ turns computed, so the router's one decision is where: the engine that served th
 Messages) come here through turns.py, a list of prompts one prompt at a time (batches.py, as in P/D mode; n > 1
 goes to one engine there too). What the router does not do
 here: no kv_transfer_params, no /tokenize, no handles, no prefix verification, no token ids asked for. The
-answer passes through as the engine sent it (its body and status, never its headers or address); only a derived
-conversation's reply is read on the side, to know its next request.
+forwarding is whole.py's: the answer passes through as the engine sent it (its body and status, never its
+headers or address); only a derived conversation's reply is read on the side, to know its next request.
 
 An engine that refuses the connection, resets it or answers 5xx before the first byte never gave the client
 anything: the request goes to the next best engine. One that fails mid-stream ends the client's stream with an
@@ -18,25 +18,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Literal
 
-import httpx
 from starlette.types import Receive, Send
 
 from pdctl.router import jsonx, placement, proxy
-from pdctl.router.capture import Capture
 from pdctl.router.context import RequestContext
 from pdctl.router.conversation import Derivation
-from pdctl.router.decode import SSE_HEADERS
 from pdctl.router.disconnect import cancel_on_disconnect
-from pdctl.router.errors import error_body, relayed_error, send_bytes, send_error
-from pdctl.router.sse import SseEvents
+from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.state import RouterState
 from pdctl.router.upstreams import Upstream
+from pdctl.router.whole import Via, attempt
 
 log = logging.getLogger("pdctl.router")
-
-ROLE = "engine"
 
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -73,12 +67,13 @@ async def _forward(state: RouterState, ctx: RequestContext, send: Send) -> None:
     tokens = placement.prompt_tokens(ctx.body)
     tried: list[Upstream] = []
     error = b""
+    via = Via(state.decode, state.affinity)
     for _ in state.decode.members:
         u = state.engine_choice.pick(state.decode, last, exclude=tried)
         if u is None:
             break
         tried.append(u)
-        out = await _attempt(state, ctx, u, send, payload, tokens)
+        out = await attempt(state, ctx, via, u, send, payload, tokens)
         if out is True:
             return
         error = out
@@ -87,186 +82,3 @@ async def _forward(state: RouterState, ctx: RequestContext, send: Send) -> None:
     else:
         n = len(state.decode.members)
         await send_error(send, 502, f"no working engine ({len(state.decode.healthy())} of {n} healthy)")
-
-
-class _Reply:
-    """What the engine answered, read on the side for a derived conversation (its next request is matched by
-    it); for others it reads nothing. Records the engine for the conversation before the client sees the end."""
-
-    def __init__(self, state: RouterState, ctx: RequestContext, u: Upstream) -> None:
-        self.state, self.ctx, self.u = state, ctx, u
-        self.derivation = ctx.derivation if ctx.conversation is not None else None
-        self.capture = Capture(ctx.chat, keep_ids=True) if self.derivation is not None else None
-        self.events = SseEvents()
-        self.kept = False
-
-    def whole(self, content: bytes) -> None:
-        if self.capture is not None:
-            try:
-                obj = jsonx.loads(content)
-            except (jsonx.DecodeError, ValueError):
-                obj = None
-            if isinstance(obj, dict):
-                self.capture.take(obj, whole=True)
-        self.keep()
-
-    def chunk(self, data: bytes) -> None:
-        """One chunk of a stream: the conversation is recorded at its first byte, a derived one's at its `[DONE]`."""
-        if self.capture is None:
-            self.keep()
-            return
-        for event in self.events.feed(data):
-            event = event.strip(b"\r\n")
-            payload = event[5:].strip() if event.startswith(b"data:") else b""
-            if payload == b"[DONE]":
-                self.keep()
-            elif payload:
-                try:
-                    obj = jsonx.loads(payload)
-                except (jsonx.DecodeError, ValueError):
-                    continue
-                if isinstance(obj, dict):
-                    self.capture.take(obj)
-
-    def keep(self) -> None:
-        cid = self.ctx.conversation
-        if self.kept or cid is None:
-            return
-        self.kept = True
-        key = None
-        if self.derivation is not None and self.capture is not None:
-            key = self.derivation.reply_key(self.capture.reply(), self.capture.output_ids or None)
-        self.state.affinity.put(cid, self.u, key)
-
-
-class _InFlight:
-    """The request counted on its engine (a request, its prompt tokens until the first byte) until `done()`, which
-    runs once the engine has answered and before the client has the end: its next request sees the load as it is."""
-
-    def __init__(self, u: Upstream, tokens: int) -> None:
-        self.u, self.work = u, placement.Work(u, tokens)
-        u.outstanding += 1
-        self.counted = True
-
-    def done(self) -> None:
-        self.work.done()
-        if self.counted:
-            self.counted = False
-            self.u.outstanding -= 1
-
-
-async def _attempt(state: RouterState, ctx: RequestContext, u: Upstream, send: Send, payload: bytes,
-                   tokens: int) -> Literal[True] | bytes:
-    """True once the client has its answer; else the failure's error body, and the caller tries another engine."""
-    busy = _InFlight(u, tokens)
-    try:
-        if ctx.body.get("stream"):
-            return await _stream(state, ctx, busy, placement.done_at_first_body(busy.work, send), payload)
-        return await _whole(state, ctx, busy, send, payload)
-    finally:
-        busy.done()
-
-
-def _headers(ctx: RequestContext) -> dict[str, str]:
-    return {"content-type": "application/json", "x-request-id": ctx.rid}
-
-
-def _failed(state: RouterState, ctx: RequestContext, u: Upstream, kind: str, exc: Exception | None = None,
-            status: int = 502, content: bytes = b"") -> bytes:
-    state.metrics.error(u.role, kind)
-    log.warning("[%s] engine %s failed before the first byte (%s); trying another", ctx.rid, u.url, kind)
-    if isinstance(exc, httpx.TimeoutException):
-        state.decode.failed(u, slow=True)
-    elif exc is not None:  # refused, reset or closed: the process may be gone
-        state.decode.lost(u)
-        state.decode.failed(u)
-    if isinstance(exc, httpx.ConnectError):
-        return error_body(502, "no engine could be reached")
-    return relayed_error(status, content, ROLE) if content else error_body(status, f"the engine failed ({kind})")
-
-
-def _kind(exc: httpx.HTTPError) -> str:
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    return "connect" if isinstance(exc, httpx.ConnectError) else "read"
-
-
-async def _whole(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
-                 payload: bytes) -> Literal[True] | bytes:
-    u = busy.u
-    try:
-        resp = await state.http.post(f"{u.url}{ctx.path}", content=payload, headers=_headers(ctx))
-    except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
-    busy.done()
-    if resp.status_code >= 500:
-        return _failed(state, ctx, u, f"http_{resp.status_code}", content=resp.content)
-    state.decode.succeeded(u)
-    if resp.status_code != 200:
-        await send_bytes(send, resp.status_code, relayed_error(resp.status_code, resp.content, ROLE))
-        return True
-    _Reply(state, ctx, u).whole(resp.content)
-    ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
-    await send_bytes(send, 200, resp.content, content_type=ctype)
-    return True
-
-
-async def _stream(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
-                  payload: bytes) -> Literal[True] | bytes:
-    u = busy.u
-    req = state.http.build_request("POST", f"{u.url}{ctx.path}", content=payload, headers=_headers(ctx))
-    try:
-        resp = await state.http.send(req, stream=True)
-    except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
-    try:
-        return await _relay(state, ctx, busy, send, resp)
-    finally:
-        await resp.aclose()
-
-
-async def _relay(state: RouterState, ctx: RequestContext, busy: _InFlight, send: Send,
-                 resp: httpx.Response) -> Literal[True] | bytes:
-    u = busy.u
-    if resp.status_code != 200:
-        try:
-            content = await resp.aread()
-        except httpx.HTTPError as exc:
-            return _failed(state, ctx, u, _kind(exc), exc)
-        if resp.status_code >= 500:
-            return _failed(state, ctx, u, f"http_{resp.status_code}", content=content)
-        await send_bytes(send, resp.status_code, relayed_error(resp.status_code, content, ROLE))
-        return True
-    chunks = resp.aiter_raw()
-    try:
-        first = await chunks.__anext__()
-    except StopAsyncIteration:
-        return _failed(state, ctx, u, "empty_stream")
-    except httpx.HTTPError as exc:
-        return _failed(state, ctx, u, _kind(exc), exc)
-    state.decode.succeeded(u)
-    reply = _Reply(state, ctx, u)
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    state.metrics.ttft_seconds.observe(time.perf_counter() - ctx.started)
-    try:
-        data = first
-        while True:
-            reply.chunk(data)
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            data = await chunks.__anext__()
-    except StopAsyncIteration:
-        tail = b""
-    except httpx.HTTPError as exc:
-        slow = isinstance(exc, httpx.TimeoutException)
-        if not slow:
-            state.decode.eject(u)
-        state.metrics.error(u.role, "mid_stream_timeout" if slow else "mid_stream")
-        log.error("[%s] engine %s failed mid-stream (%s)%s", ctx.rid, u.url, type(exc).__name__,
-                  "" if slow else "; ejected it from the pool")
-        reply.kept = True  # the conversation's reply is not whole: its next request will not match it
-        tail = b"data: " + error_body(502, "the engine failed mid-stream") + b"\n\ndata: [DONE]\n\n"
-    reply.keep()
-    busy.done()
-    await send({"type": "http.response.body", "body": tail, "more_body": False})
-    return True
-

@@ -77,6 +77,9 @@ class Dispatcher:
         if self.state.capacities.needed:
             self._tasks.append(asyncio.create_task(self.state.capacities.loop(
                 self.state.decode, self.state.client, cfg.health_interval, cfg.health_timeout)))
+        if cfg.mode == "disaggregated" and cfg.overflow_kv:
+            self._tasks.append(asyncio.create_task(self.state.kv_use.loop(
+                (self.state.prefill, self.state.decode), self.state.client, cfg.health_timeout)))
         self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
                         for u in self.state.decode.members]
         if cfg.mode == "aggregated":

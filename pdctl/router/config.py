@@ -11,6 +11,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
     VERIFY_AT,
@@ -105,6 +106,13 @@ class RouterConfig:
         "With --pin-budget-tokens 0: the budget is this fraction of each decode's KV capacity (num_gpu_blocks x "
         "block_size, from its /metrics vllm:cache_config_info, read once per decode process). 0: no budget.",
     )
+    overflow_kv: float = knob(
+        OVERFLOW_KV,
+        "Overflow to the prefill: a turn whose decode's KV use (its /metrics vllm:kv_cache_usage_perc, polled, plus "
+        "what the router sent since, plus the turn) is above this fraction runs whole on the prefill with the least "
+        "KV use below it (a plain completion, no KV transfer), and its conversation's later turns stay there while "
+        "that prefill is below it. 0: off.",
+    )
     release_concurrency: int = knob(4, "Releases in flight at once (they run in the background, off every turn).")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
@@ -168,6 +176,8 @@ class RouterConfig:
             problems.append(f"--pin-budget-tokens must be >= 0, got {self.pin_budget_tokens}")
         if not 0 <= self.pin_budget_fraction <= 1:
             problems.append(f"--pin-budget-fraction must be between 0 and 1, got {self.pin_budget_fraction:g}")
+        if not 0 <= self.overflow_kv <= 1:
+            problems.append(f"--overflow-kv must be between 0 and 1, got {self.overflow_kv:g}")
         if self.release_concurrency < 1:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if self.local_busy_streams < 1:

@@ -226,6 +226,17 @@ class HandleTable:
             return Taken(None, IN_USE)
         return Taken(None, self._tombs.get(cid, NEW_CONVERSATION))
 
+    def drop(self, cid: str, reason: str, tomb: str) -> bool:
+        """Give up the conversation's live handle (its turns run elsewhere now): its blocks are released (`reason`),
+        and the next turn that looks for it is told `tomb`. False when there was none."""
+        h = self._live.pop(cid, None)
+        if h is None:
+            return False
+        self._dropped(h)
+        self.mark(cid, tomb)
+        self._unread(h, reason)
+        return True
+
     def release(self, cid: str) -> None:
         """The turn that took the handle is over (whatever happened to it)."""
         n = self._leased.get(cid, 0) - 1

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from pdctl import __version__
 from pdctl.router.upstreams import Pool
-from pdctl.router.wire import RouterStats, UpstreamStats
+from pdctl.router.wire import WHOLE_PREFILL, RouterStats, UpstreamStats
 
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -44,6 +44,8 @@ class RouterMetrics:
                                      "in the decode's own cache on a local turn.", registry=r)
         self.local_turns = Counter("pdctl_router_local_turns", "Turns the decode ran alone (conditional "
                                    "disaggregation), without the prefill hop.", registry=r)
+        self.whole_prefill_turns = Counter("pdctl_router_whole_prefill_turns", "Turns served whole on a prefill "
+                                           "(router.overflow_kv: their decode was short of KV).", registry=r)
         self.prefill_seconds = Histogram("pdctl_router_prefill_duration_seconds", "Prefill hop wall time.",
                                          buckets=_MS_BUCKETS, registry=r)
         self.ttft_seconds = Histogram("pdctl_router_ttft_seconds", "Router-observed time to first streamed byte.",
@@ -62,6 +64,7 @@ class RouterMetrics:
         self.reasons: Tally[str] = Tally()
         self.reused_tokens_total = 0
         self.local_turns_total = 0
+        self.whole_prefill_total = 0
         self.eligible = 0
 
     def request(self, route: str, status: int) -> None:
@@ -81,11 +84,16 @@ class RouterMetrics:
         self.local_turns_total += 1
         self.local_turns.inc()
 
+    def whole_prefill_turn(self, outcome: str, eligible: bool) -> None:
+        self.reuse_outcome(outcome, WHOLE_PREFILL, 0, eligible)
+        self.whole_prefill_total += 1
+        self.whole_prefill_turns.inc()
+
     def error(self, role: str, kind: str) -> None:
         self.upstream_errors.labels(role, kind).inc()
 
     def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
-              budgets: dict[str, int] | None = None) -> dict[str, object]:
+              budgets: dict[str, int] | None = None, kv_use: dict[str, float] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         return RouterStats(
@@ -94,6 +102,7 @@ class RouterMetrics:
             reuse_reasons=dict(self.reasons),
             reused_tokens_total=self.reused_tokens_total,
             local_turns=self.local_turns_total,
+            whole_prefill_turns=self.whole_prefill_total,
             hit_rate=round(reused / self.eligible, 4) if self.eligible else 0.0,
             eligible_turns=self.eligible,
             live_handles=live_handles,
@@ -101,6 +110,7 @@ class RouterMetrics:
             pin_budget_tokens=budgets or {},
             releases=dict(self.releases.sent),
             releases_failed=self.releases.failed,
+            kv_use=kv_use or {},
             prefill=_upstreams(prefill),
             decode=_upstreams(decode),
             uptime_s=round(time.monotonic() - self.started, 3),

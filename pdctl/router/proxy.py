@@ -18,7 +18,7 @@ from typing import Any
 from starlette.types import Receive, Send
 
 from pdctl import prefix_check
-from pdctl.router import decode, local, placement, prefill, wire
+from pdctl.router import decode, local, overflow, placement, prefill, wire
 from pdctl.router.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.capture import Capture
 from pdctl.router.context import NOT_TAKEN, RequestContext
@@ -152,6 +152,15 @@ async def _completion(state: RouterState, ctx: RequestContext, receive: Receive,
     if not state.prefill.healthy() or not state.decode.healthy():
         await send_error(send, 503, _unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return
+    whole = overflow.choose(state, ctx)
+    if whole is not None:
+        if not await admit(state.prefill_gate, send):
+            return
+        try:
+            if await overflow.run(state, ctx, send, whole):
+                return
+        finally:
+            state.prefill_gate.release()
     if not await admit(state.decode_gate, send):
         return
     ctx.taken = state.handles.take(cid, state.stale) if cid else NOT_TAKEN

@@ -13,6 +13,7 @@ from pdctl.router.capacity import Capacities
 from pdctl.router.config import RouterConfig
 from pdctl.router.conversation import DerivedIndex
 from pdctl.router.handles import Handle, HandleTable
+from pdctl.router.kvuse import KvUse
 from pdctl.router.metrics import RouterMetrics
 from pdctl.router.release import Releaser
 from pdctl.router.response_store import ResponseStore
@@ -36,6 +37,8 @@ class RouterState:
     capacities: Capacities
     affinity: AffinityTable  # aggregated mode's conversation -> engine (disaggregated: the handles say it)
     engine_choice: EngineChoice
+    kv_use: KvUse  # each engine's KV in use (overflow.py's signal)
+    overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
 
@@ -66,6 +69,8 @@ class RouterState:
             capacities=capacities,
             affinity=AffinityTable(config.max_handles, index=index),
             engine_choice=EngineChoice(),
+            kv_use=KvUse(),
+            overflowed=AffinityTable(config.max_handles, index=index),
         )
 
     @property
@@ -81,4 +86,5 @@ class RouterState:
 
     def stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
-                                  self.capacities.budgets(self.decode) if self.config.release else {})
+                                  self.capacities.budgets(self.decode) if self.config.release else {},
+                                  self.kv_use.snapshot((self.prefill, self.decode)))

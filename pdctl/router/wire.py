@@ -51,10 +51,14 @@ PREFIX_SPEC_INVALID = "prefix_spec_invalid"  # miss: the prefill could not read 
 PREFILL_FAILED = "prefill_failed"  # the prefill failed reading the handle; it was retried as a miss
 PREFILL_REDONE = "prefill_redone"  # the decode could not use the prefill's KV; the prefill ran again
 N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
+# Served whole on a prefill (router.overflow_kv: the decode was short of KV): hit when the conversation's last turn
+# ran there too (its prefix cache holds it), miss when it moved there; tokens 0 (the router does not know what the
+# prefill's prefix cache reuses). Also the miss reason of a conversation's next turn through a decode.
+WHOLE_PREFILL = "whole_prefill"
 REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
     NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, RELEASED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
-    TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1,
+    TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1, WHOLE_PREFILL,
 })
 
 
@@ -142,6 +146,7 @@ class RouterStats:
     reuse_reasons: Mapping[str, int] = field(default_factory=dict)
     reused_tokens_total: int = 0
     local_turns: int = 0
+    whole_prefill_turns: int = 0  # turns served whole on a prefill (router.overflow_kv)
     hit_rate: float = 0.0  # (hit + partial) / eligible_turns, 4 decimals
     eligible_turns: int = 0
     live_handles: int = 0
@@ -149,6 +154,7 @@ class RouterStats:
     pin_budget_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> its budget (none: absent)
     releases: Mapping[str, int] = field(default_factory=dict)  # why -> releases sent (pdctl.router.release)
     releases_failed: int = 0  # releases that did not reach a prefill or that it refused
+    kv_use: Mapping[str, float] = field(default_factory=dict)  # engine URL -> its KV in use as the router sees it
     prefill: tuple[UpstreamStats, ...] = ()
     decode: tuple[UpstreamStats, ...] = ()
     uptime_s: float = 0.0
@@ -173,6 +179,7 @@ class RouterStats:
             "reuse_reasons": dict(self.reuse_reasons),
             "reused_tokens_total": self.reused_tokens_total,
             "local_turns": self.local_turns,
+            "whole_prefill_turns": self.whole_prefill_turns,
             "hit_rate": self.hit_rate,
             "eligible_turns": self.eligible_turns,
             "live_handles": self.live_handles,
@@ -180,6 +187,7 @@ class RouterStats:
             "pin_budget_tokens": dict(self.pin_budget_tokens),
             "releases": dict(self.releases),
             "releases_failed": self.releases_failed,
+            "kv_use": dict(self.kv_use),
             "prefill": [_upstream_json(u) for u in self.prefill],
             "decode": [_upstream_json(u) for u in self.decode],
             "uptime_s": self.uptime_s,
@@ -197,6 +205,7 @@ class RouterStats:
             reuse_reasons=_counts(d, "reuse_reasons"),
             reused_tokens_total=_int(d, "reused_tokens_total"),
             local_turns=_int(d, "local_turns"),
+            whole_prefill_turns=_int(d, "whole_prefill_turns"),
             hit_rate=_float(d, "hit_rate"),
             eligible_turns=_int(d, "eligible_turns"),
             live_handles=_int(d, "live_handles"),
@@ -204,6 +213,7 @@ class RouterStats:
             pin_budget_tokens=_counts(d, "pin_budget_tokens"),
             releases=_counts(d, "releases"),
             releases_failed=_int(d, "releases_failed"),
+            kv_use=_fractions(d, "kv_use"),
             prefill=_upstreams(d, "prefill"),
             decode=_upstreams(d, "decode"),
             uptime_s=_float(d, "uptime_s"),
@@ -266,6 +276,18 @@ def _counts(d: Mapping[str, object], key: str, required: bool = False) -> dict[s
         if not isinstance(n, int) or isinstance(n, bool):
             raise _bad(f"`{key}.{k}`", "an integer", n)
         out[k] = n
+    return out
+
+
+def _fractions(d: Mapping[str, object], key: str) -> dict[str, float]:
+    v = d.get(key)
+    if v is None:
+        return {}
+    out: dict[str, float] = {}
+    for k, n in _object(v, f"`{key}`").items():
+        if not isinstance(n, int | float) or isinstance(n, bool):
+            raise _bad(f"`{key}.{k}`", "a number", n)
+        out[k] = float(n)
     return out
 
 

@@ -17,6 +17,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
     ROUTER_PORT,
@@ -251,6 +252,15 @@ class Router(Strict):
         description="With pin_budget_tokens 0: the budget is this fraction of each decode's KV (num_gpu_blocks x "
         "block_size, which the router reads from the decode's /metrics). Default 0.5: the other half stays for the "
         "turns the decode runs. 0: no budget (dropped handles are still released).",
+    )
+    overflow_kv: float | None = Field(
+        OVERFLOW_KV,
+        ge=0,
+        le=1,
+        description="Overflow to the prefill (disaggregated mode): a turn whose decode's KV use (the engine's "
+        "vllm:kv_cache_usage_perc, polled by the router, plus what it sent since and the turn) is above this "
+        "fraction runs whole on the prefill with the least KV use below it (a plain completion, no KV transfer), "
+        "and its conversation's later turns stay on that prefill while it is below it. 0 or null: off.",
     )
 
     conversation_headers: list[str] | None = Field(

@@ -195,3 +195,21 @@ def test_the_pin_budget_and_the_release_reach_the_router() -> None:
     assert "--no-release" in router.argv and "--pin-budget-tokens" not in router.argv
     with pytest.raises(TopologyError, match="pin_budget_fraction"):
         load(ROOT / "configs/local-sim.yaml", ["router.pin_budget_fraction=1.5"])
+
+
+def test_the_overflow_threshold_reaches_the_router_only_when_it_is_not_the_default() -> None:
+    from pdctl.defaults import OVERFLOW_KV
+    from pdctl.errors import TopologyError
+    from pdctl.router.config import RouterConfig
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--overflow-kv" not in router.argv
+    assert RouterConfig(prefill=("http://p",), decode=("http://d",)).overflow_kv == OVERFLOW_KV
+    other = 0.7 if OVERFLOW_KV != 0.7 else 0.6
+    for value, flag in ((str(other), f"{other:g}"), ("0", "0"), ("null", "0")):
+        if flag == f"{OVERFLOW_KV:g}":
+            continue
+        _, _, router = plan(load(ROOT / "configs/local-sim.yaml", [f"router.overflow_kv={value}"]), SELF_PYTHON)
+        assert router.argv[router.argv.index("--overflow-kv") + 1] == flag
+    with pytest.raises(TopologyError, match="overflow_kv"):
+        load(ROOT / "configs/local-sim.yaml", ["router.overflow_kv=1.5"])
