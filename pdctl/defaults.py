@@ -58,8 +58,8 @@ runs, each of which holds its whole context there while it generates; a decode w
 also has an idle pin splits its KV about evenly between the two. 0: no budget (handles dropped unread are still
 released)."""
 
-OVERFLOW_KV = 0.85
+OVERFLOW_KV = 0.0
 """router.overflow_kv: the decode KV use above which a turn runs whole on a prefill with KV to spare (0: off).
-The decode of a 1P1D holds every live conversation's context while the prefill's KV is mostly idle
-(docs/results/sim-capacity); past this fraction a new turn would soon queue for KV on the decode. Simulated
-1P1D, 64/80/96 sessions, warm TTFT p90: off 583/3479/10306 ms, 0.85 584/698/979, 0.95 478/1096/1767 (README)."""
+Off by default: on the simulated 1P1D (docs/results/sim-capacity, run F, a quiet host) it held no more sessions
+within warm p90 <= 500 ms than off (64 off and at 0.95, none of the points at 0.85) and raised other streams' ITL
+p99 from 66 to 515-923 ms; what it buys is overload: at 80 sessions p90 552-571 ms against 3884 off."""

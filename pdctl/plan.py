@@ -247,12 +247,7 @@ def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: 
     argv += ["--host", r.bind or node.address, "--port", str(r.port), "--mode", "aggregated"]
     argv += [a for e in engines for a in ("--decode", e.url)]
     argv += ["--model", topo.model.name]
-    if r.api_key_env:
-        argv += ["--api-key-env", r.api_key_env]
-    for name in r.conversation_headers or ():
-        argv += ["--conversation-header", name]
-    argv += ["--engine-key-file", engine_key_path(topo, node.name)]
-    return _router_spec(topo, argv)
+    return _router_spec(topo, argv + _client_side(topo))
 
 
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
@@ -282,12 +277,16 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
-    if r.api_key_env:
-        argv += ["--api-key-env", r.api_key_env]
+    return _router_spec(topo, argv + _client_side(topo))
+
+
+def _client_side(topo: Topology) -> list[str]:
+    """The router arguments of either mode about its clients and its key to the engines."""
+    r = topo.router
+    argv = ["--api-key-env", r.api_key_env] if r.api_key_env else []
     for name in r.conversation_headers or ():
         argv += ["--conversation-header", name]
-    argv += ["--engine-key-file", engine_key_path(topo, node.name)]
-    return _router_spec(topo, argv)
+    return [*argv, "--engine-key-file", engine_key_path(topo, r.node)]
 
 
 def _router_spec(topo: Topology, argv: list[str]) -> ProcessSpec:
