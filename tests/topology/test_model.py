@@ -44,19 +44,23 @@ def test_the_topologys_router_defaults_are_the_routers() -> None:
     """The plan leaves out a router flag whose topology value is the default; that is sound only while they agree."""
     router = parse(MINIMAL, "topo.yaml").router
     config = RouterConfig(prefill=("http://p",), decode=("http://d",))
-    for knob in ("handle_ttl", "verify_prefix", "local_prefill_tokens", "local_policy", "local_busy_streams"):
+    for knob in ("handle_ttl", "verify_prefix", "verify_at", "local_prefill_tokens", "local_policy",
+                 "local_busy_streams", "release", "pin_budget_tokens", "pin_budget_fraction", "overflow_kv"):
         assert getattr(router, knob) == getattr(config, knob), knob
 
 
 def test_the_package_imports_in_one_direction() -> None:
-    """model <- checks <- file <- the package: the schema imports neither the loader nor the checks."""
+    """strict <- router_section <- model <- checks <- file <- the package: the schema imports neither the loader
+    nor the checks."""
     package = Path(pdctl.topology.__file__).parent
     imports: dict[str, set[str]] = {}
     for path in package.glob("*.py"):
         tree = ast.parse(path.read_text())
         found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         imports[path.stem] = {m.removeprefix("pdctl.topology.") for m in found if m.startswith("pdctl.topology.")}
-    assert imports["model"] == {"strings"}
+    assert imports["model"] == {"router_section", "strict", "strings"}
+    assert imports["router_section"] == {"strict", "strings"}
+    assert imports["strict"] == set()
     assert imports["checks"] == {"model"}
     assert imports["file"] == {"bounded_yaml", "checks", "model"}
     assert imports["strings"] == imports["bounded_yaml"] == set()
