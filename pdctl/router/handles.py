@@ -147,7 +147,7 @@ class HandleTable:
         One at a time: what a release frees depends on which handles still share its chunks."""
         url = newest.decode_url
         budget = self.budget(url) if self.budget is not None else 0
-        while True:
+        while 0 < budget < self._pinned.get(url, 0):  # under budget (every put but a few): no walk of the table
             lru = [(c, self._freed_by(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest]
             gone = over_budget(lru, self._pinned.get(url, 0), budget)[:1]
             if not gone:
