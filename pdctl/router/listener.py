@@ -7,6 +7,10 @@ headers) would hold file descriptors until the router fails for everyone. Here:
     at most `max_headers` headers and `max_header_bytes` bytes  -> 431 and close
     at most `max_connections` open client connections           -> 503 + Retry-After at once, and close
 Body read deadlines are the JsonBody middleware's; idle keep-alive is uvicorn's `timeout_keep_alive`.
+
+A refusal is a lingering close: the answer, then a half-close, then whatever the client still sends is read and
+dropped until it closes or `_LINGER` seconds pass. Closing at once with unread bytes in the socket makes the kernel
+send a reset, which can destroy the answer before the client reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdctl.router.errors import error_body
 
+_LINGER = 5.0
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -136,7 +141,11 @@ def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
             extra = b"retry-after: 1\r\n" if status == 503 else b""
             self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                                  b"connection: close\r\n%s\r\n%s" % (status, _REASONS[status], len(body), extra, body))
-            self.transport.close()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the answer, then FIN; data_received drops what still comes in
+                self.loop.call_later(_LINGER, self.transport.close)
+            else:
+                self.transport.close()
 
     return GuardedProtocol
 
