@@ -246,7 +246,7 @@ def test_the_checker_sees_imports() -> None:
     text = """
 from typing import TYPE_CHECKING
 import pdctl.plan
-from pdctl.router import decode, RouterConfig
+from pdctl.router.turn import decode, RequestContext
 from . import wait
 if TYPE_CHECKING:
     from pdctl.cli import root
@@ -257,6 +257,6 @@ def f():
 """
     found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.example", text)]
     assert list(dict.fromkeys(found)) == [
-        ("pdctl.plan", 3), ("pdctl.router.decode", 4), ("pdctl.router", 4), ("pdctl.lifecycle.wait", 5),
+        ("pdctl.plan", 3), ("pdctl.router.turn.decode", 4), ("pdctl.router.turn", 4), ("pdctl.lifecycle.wait", 5),
         ("pdctl.errors", 9), ("pdctl.remote.procs", 11)]
     assert len(MODULES) > 100 and len(IMPORTS) > 300

@@ -1,5 +1,5 @@
 """Every router knob in one frozen dataclass: its type, default and help, from which `router serve`'s options are
-derived (pdctl.router.options). Defaults the topology shares come from pdctl.defaults."""
+derived (pdctl.router.server.options). Defaults the topology shares come from pdctl.defaults."""
 
 from __future__ import annotations
 
@@ -21,9 +21,13 @@ from pdctl.defaults import (
 )
 from pdctl.errors import UsageError
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime, leaves_no_handle
-from pdctl.router.identity import DEFAULT_HEADERS
-from pdctl.router.placement import POLICIES, LocalPolicy
 
+# Where a warm turn runs under load (turn/placement.py says what each policy does).
+LocalPolicy = Literal["always", "load", "work"]
+POLICIES: tuple[LocalPolicy, ...] = ("always", "load", "work")
+# The headers a conversation id is read from, first match wins (server/conversation_headers.py).
+DEFAULT_HEADERS = ("x-conversation-id", "x-session-id", "x-litellm-session-id", "x-session-affinity",
+                   "x-correlation-id")
 T = TypeVar("T")
 VerifyAt = Literal["prefill", "router"]
 RouterMode = Literal["disaggregated", "aggregated"]

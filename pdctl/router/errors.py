@@ -1,4 +1,5 @@
-"""The router's one error body (OpenAI's shape) and the helpers that send JSON from raw ASGI code."""
+"""The router's one error body (OpenAI's shape; Anthropic's on /v1/messages) and the helpers that send JSON from raw
+ASGI code."""
 
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ def relayed_error(status: int, content: bytes, role: str) -> bytes:
     """An engine's error answer as the client may see it: OpenAI's shape, the engine's message without the request
     echo (which carries the router-built `kv_transfer_params`), URLs or addresses of the engine plane."""
     from pdctl.router import jsonx
-
     message, kind = "", None
     try:
         obj: Any = jsonx.loads(content)
@@ -69,3 +69,13 @@ def relayed_error(status: int, content: bytes, role: str) -> bytes:
     if not message.strip() or any(word in message for word in _INTERNAL):
         message = f"the {role} instance refused the request (HTTP {status})"
     return error_body(status, message[:2000], kind if isinstance(kind, str) and kind else None)
+
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+          503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return jsonx.dumps({"type": "error", "error": {"type": kind, "message": message}})

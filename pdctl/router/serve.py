@@ -18,7 +18,7 @@ import typer
 from pdctl.defaults import ROUTER_PORT
 from pdctl.errors import PdctlError, UsageError
 from pdctl.router.config import RouterConfig
-from pdctl.router.options import config_from, with_config_options
+from pdctl.router.server.options import config_from, with_config_options
 
 T = TypeVar("T")
 LOG_FORMAT = "%(asctime)s [%(levelname)s] %(name)s: %(message)s"
@@ -105,8 +105,8 @@ def engine_key_from_file(path: str | None) -> str | None:
 def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -> None:
     import uvicorn
 
-    from pdctl.router.app import create_app
-    from pdctl.router.listener import Limits, connection_cap, protocol_class, raise_nofile
+    from pdctl.router.server.app import create_app
+    from pdctl.router.server.listener import Limits, connection_cap, protocol_class, raise_nofile
 
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call would drown the log

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pdctl.bench.client import ClientOptions, play
 from pdctl.bench.workload import Conversation, WorkloadSpec, build
-from pdctl.router.verify import hit_params, miss_params
+from pdctl.router.turn.verify import hit_params, miss_params
 
 
 def direct_turn(c: httpx.Client, args: argparse.Namespace, model: str, conv: Conversation,

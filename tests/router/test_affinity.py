@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.errors import UsageError
-from pdctl.router.affinity import AffinityTable, EngineChoice, Served
 from pdctl.router.config import RouterConfig
-from pdctl.router.conversation import DerivedIndex
-from pdctl.router.upstreams import Pool
+from pdctl.router.kv.affinity import AffinityTable, EngineChoice, Served
+from pdctl.router.kv.conversation import DerivedIndex
+from pdctl.router.upstream.pools import Pool
 
 
 def pool() -> Pool:

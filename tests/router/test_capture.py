@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from pdctl.router.capture import Capture, SseRewriter
+from pdctl.router.turn.capture import Capture, SseRewriter
 
 HANDLE = {"do_remote_prefill": False, "do_remote_decode": True, "remote_block_ids": [[1, 2]], "remote_engine_id": "e",
           "remote_request_id": "r", "remote_host": "10.1.1.1", "remote_port": 5601, "tp_size": 1,

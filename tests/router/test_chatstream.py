@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 
-from pdctl.router.chatstream import ChatReader, Finish, Text, ToolArgs, ToolStart, Usage, reused_tokens
+from pdctl.router.api.chatstream import ChatReader, Finish, Text, ToolArgs, ToolStart, Usage, reused_tokens
 from tests.router.agents import CHAT_TOOLS, FIRST, assert_loop_reused, outcome
 from tests.router.conftest import RouterProc, assert_clean
 from tests.support.sim_procs import SERVED, SimPair

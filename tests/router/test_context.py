@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pdctl.router.context import NO_BODY, NOT_TAKEN, RequestContext
-from pdctl.router.routes import ROUTES
+from pdctl.router.server.routes import ROUTES
+from pdctl.router.turn.context import NO_BODY, NOT_TAKEN, RequestContext
 
 
 def _client(path: str, body: dict[str, object], cid: object = None) -> RequestContext:

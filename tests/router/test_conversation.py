@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pdctl.router.conversation import DerivedIndex, explicit_id, prompt_text
+from pdctl.router.kv.conversation import DerivedIndex, explicit_id, prompt_text
 
 SYS = {"role": "system", "content": "be brief"}
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from array import array
 
-from pdctl.router.conversation import DerivedIndex
-from pdctl.router.handles import IN_USE, NEW_CONVERSATION, Handle, HandleTable
+from pdctl.router.kv.conversation import DerivedIndex
+from pdctl.router.kv.handles import IN_USE, NEW_CONVERSATION, Handle, HandleTable
 
 
 class Clock:
@@ -86,7 +86,7 @@ def test_index_follows_the_table() -> None:
 
 
 def test_a_handle_whose_decode_may_have_died_is_dropped_unused() -> None:
-    from pdctl.router.handles import RESTARTED
+    from pdctl.router.kv.handles import RESTARTED
 
     table = HandleTable(8, clock=lambda: 0.0)
     table.put(Handle("c1", {"remote_num_tokens": 16}, "http://d", None, 0.0, 100.0, generation=1))
@@ -112,7 +112,7 @@ def test_the_table_counts_pinned_tokens_per_decode_in_whole_blocks() -> None:
 
 
 def test_every_handle_dropped_unread_is_reported_with_why() -> None:
-    from pdctl.router.handles import REPLACED
+    from pdctl.router.kv.handles import REPLACED
 
     clock = Clock()
     dropped: list[tuple[str, str]] = []
@@ -134,7 +134,7 @@ def test_every_handle_dropped_unread_is_reported_with_why() -> None:
 
 
 def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
-    from pdctl.router.handles import PRESSURE
+    from pdctl.router.kv.handles import PRESSURE
 
     dropped: list[tuple[str, str]] = []
     table = HandleTable(8, clock=lambda: 0.0, on_drop=lambda h, why: dropped.append((h.conversation, why)),
@@ -158,7 +158,7 @@ def chained(cid: str, ids: list[int], rid: str | None = None) -> Handle:
 
 
 def test_a_prefix_two_handles_share_pins_its_blocks_once() -> None:
-    from pdctl.router.handles import PRESSURE
+    from pdctl.router.kv.handles import PRESSURE
 
     system = list(range(512))  # two whole 256-token chunks every conversation starts with
     dropped: list[tuple[str, str]] = []

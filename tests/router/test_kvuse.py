@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdctl.router.kvuse import KvUse, kv_usage
-from pdctl.router.upstreams import Pool
+from pdctl.router.kv.usage import KvUse, kv_usage
+from pdctl.router.upstream.pools import Pool
 from tests.support.sim_procs import sim_process
 
 

@@ -12,10 +12,10 @@ import pytest
 
 from pdctl.lifecycle.status import router_stats
 from pdctl.remote.local import LocalTransport
-from pdctl.router import local
-from pdctl.router.capture import Capture
-from pdctl.router.context import RequestContext
-from pdctl.router.routes import ROUTES
+from pdctl.router.server.routes import ROUTES
+from pdctl.router.turn import local
+from pdctl.router.turn.capture import Capture
+from pdctl.router.turn.context import RequestContext
 from pdctl.sim.tokenizer import encode, render_chat
 from tests.router.conftest import RouterProc, assert_clean, corrupt, router_process
 from tests.router.instant import Instant, reuse_header, sse_data

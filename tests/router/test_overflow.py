@@ -18,8 +18,8 @@ import pytest
 
 from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
-from pdctl.router.overflow import whole_on_prefill
-from pdctl.router.upstreams import Upstream
+from pdctl.router.turn.overflow import whole_on_prefill
+from pdctl.router.upstream.pools import Upstream
 from tests.router.conftest import RouterProc, assert_clean, router_process
 from tests.router.faults import eventually, kill
 from tests.router.talk import Reply, send

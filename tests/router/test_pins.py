@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pdctl.router.pins import budget_for, kv_capacity, over_budget, pinned_tokens
+from pdctl.router.kv.pins import budget_for, kv_capacity, over_budget, pinned_tokens
 
 
 def test_a_handle_pins_whole_blocks() -> None:

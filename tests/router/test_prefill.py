@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdctl.router.prefill import prefill_request
+from pdctl.router.turn.prefill import prefill_request
 from tests.router.conftest import BLOCK, RouterProc, assert_clean, corrupt, router_process
 from tests.router.talk import Conversation
 from tests.support.relay import recorder

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from pdctl.router.handles import Handle
-from pdctl.router.release import release_body, release_params
+from pdctl.router.kv.handles import Handle
+from pdctl.router.kv.release import release_body, release_params
 from tests.conftest import free_port
 from tests.router.conftest import BLOCK, SPEED, RouterProc, router_process
 from tests.router.faults import eventually

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdctl.router.response_store import ResponseStore
+from pdctl.router.kv.response_store import ResponseStore
 
 
 class Clock:

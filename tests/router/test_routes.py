@@ -7,7 +7,7 @@ import re
 
 import httpx
 
-from pdctl.router.routes import ROUTES, RouteTable
+from pdctl.router.server.routes import ROUTES, RouteTable
 from tests.router.agents import assert_anthropic_error, assert_openai_error
 from tests.router.conftest import AGENT_KEY, RouterProc
 from tests.support.sim_procs import SERVED

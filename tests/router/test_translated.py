@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdctl.router.translated import error_parts
+from pdctl.router.api.translated import error_parts
 from tests.router.conftest import router_process
 from tests.router.test_faults import kill
 from tests.support.sim_procs import SERVED, sim_pair

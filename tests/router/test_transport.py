@@ -8,7 +8,7 @@ import contextlib
 import httpx
 import pytest
 
-from pdctl.router.transport import FastTransport
+from pdctl.router.upstream.transport import FastTransport
 
 
 async def serve(handler_delay: float = 0.0) -> tuple[asyncio.Server, list[int]]:

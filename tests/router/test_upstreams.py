@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pdctl.router.upstreams import AffinityRing, HolderFirst, Pool, load_cap
+from pdctl.router.upstream.pools import AffinityRing, HolderFirst, Pool, load_cap
 
 
 def test_eject_after_consecutive_failures_and_readmit_on_success() -> None:

@@ -4,7 +4,7 @@ from array import array
 
 from pdctl import prefix_check
 from pdctl.router import wire
-from pdctl.router.verify import as_tokens, at_prefill, matching_blocks, settle, truncate, verify
+from pdctl.router.turn.verify import as_tokens, at_prefill, matching_blocks, settle, truncate, verify
 
 BS = 4
 

@@ -1,0 +1,154 @@
+"""Releases: freeing a decode's KV that no turn will read, with a one-token request to a prefill.
+
+With bidirectional transfer a decode keeps every finished turn's blocks until a prefill reads them or its
+`decoder_kv_blocks_ttl` (480 s) runs out; a conversation's last turn, and every handle the router drops, is never
+read. vLLM 0.26.0 frees a decode's retained blocks early only on a prefill's NIXL notify, so a release is a tiny
+completion to a prefill carrying the handle such that the prefill reads nothing and notifies the decode. In
+tests/fixtures/vllm-0.26.0/.../nixl/pull_scheduler.py:
+
+- `get_num_new_matched_tokens` (lines 71-110): with `do_remote_decode` true, the block ids and the four `remote_*`
+  keys, the D->P count is `min(remote_num_tokens, num_prompt_tokens) - num_computed_tokens`; the release sends
+  `remote_num_tokens` 0, so the count is 0 and the prefill returns `(0, False)`: nothing to read, no wait.
+- `update_state_after_alloc` (lines 134-162): `do_remote_decode` + `is_bidirectional_kv_xfer_enabled` + not yet
+  processed, with those keys present, puts the request in `_reqs_need_recv` with no local blocks ("a full prefix
+  cache hit on the local node. We need to call send_notif in _read_blocks to free the memory on the remote node"):
+  the decode frees the handle's blocks when that notify arrives (single use: pull_worker `_get_new_notifs`).
+- `request_finished` (lines 203, 225-258): `is_p_node = do_remote_decode`, and a FINISHED_LENGTH_CAPPED request
+  keeps its own blocks for a decode's pull until `kv_lease_duration` (30 s; no decode heartbeats it). Nothing in
+  stock 0.26.0 avoids that for a request that notifies (do_remote_decode false skips the D->P branch;
+  do_remote_prefill true makes the prefill pull as a decode would and then keep its blocks `decoder_kv_blocks_ttl`),
+  so the release's prompt is one token id: the prefill computes one token and holds one block. pdctl's patch
+  (pdctl.vllm_compat) frees that block at finish for a request marked `pdctl_release`, as `request_finished` frees
+  an aborted one (`_reqs_not_processed`, `return False, None`); the notify went out when the request was scheduled.
+
+Without pdctl's patch (`router.verify_at: router` on a stock vLLM) the decode is freed just the same: the release
+carries no `pdctl_prefix` spec, `remote_num_tokens` 0 is read as it is, and the unknown `pdctl_release` key is
+ignored; only the prefill's one block stays for `kv_lease_duration`. `remote_blocks_expiry_time` is left out, so
+no prefill declines the notify as an expired read. tests/unit/test_vllm_compat_scheduler.py runs this request
+through the fixture's real scheduler code, stock and patched.
+
+Releases run as background tasks, `release_concurrency` at a time, never on a turn's path; each goes to the least
+loaded healthy prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
+notify). A failed release logs a warning and counts; the handle is gone either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter as Tally
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from pdctl import prefix_check
+from pdctl.router import jsonx
+from pdctl.router.kv.handles import Handle
+from pdctl.router.upstream.pools import Pool
+
+log = logging.getLogger("pdctl.router")
+
+TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
+MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
+# Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
+RELEASE_FIELD = "pdctl_release"
+
+
+def release_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The handle's params as a release sends them: the D->P form, nothing to read, no expiry to check."""
+    out = {k: v for k, v in params.items()
+           if k not in ("remote_blocks_expiry_time", prefix_check.FIELD, prefix_check.REPORT)}
+    out["do_remote_decode"] = True
+    out["do_remote_prefill"] = False
+    out["remote_num_tokens"] = 0
+    out[RELEASE_FIELD] = True
+    return out
+
+
+def release_body(h: Handle, model: str) -> dict[str, Any]:
+    """A one-token completion that makes a prefill notify `h`'s decode: the conversation's first token id when the
+    router knows it (any id of the vocabulary does), else 0."""
+    token = int(h.tokens[0]) if h.tokens else 0
+    return {"model": model, "prompt": [token], "max_tokens": 1, "stream": False,
+            "kv_transfer_params": release_params(h.params)}
+
+
+class ReleaseMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counter = Counter("pdctl_router_kv_releases", "Releases of decode KV no turn would read, by why the "
+                               "handle was dropped and result (sent, failed, skipped: its decode was down).",
+                               ["reason", "result"], registry=registry)
+        self.sent: Tally[str] = Tally()
+        self.failed = 0
+
+    def count(self, reason: str, result: str) -> None:
+        self.counter.labels(reason, result).inc()
+        if result == "sent":
+            self.sent[reason] += 1
+        elif result == "failed":
+            self.failed += 1
+
+
+class Releaser:
+    """Sends releases in the background; `submit` is the handle table's `on_drop`."""
+
+    def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
+                 enabled: bool = True) -> None:
+        self.prefill, self.decode, self.model = prefill, decode, model
+        self.client: httpx.AsyncClient | None = None  # the router's, set by the app's lifespan
+        self.metrics = metrics
+        self.enabled = enabled
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def submit(self, h: Handle, reason: str) -> None:
+        if not self.enabled or self.client is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a table used outside the router): nothing can be sent
+            return
+        if len(self._tasks) >= MAX_PENDING:
+            self.metrics.count(reason, "failed")
+            log.warning("release backlog full (%d): the blocks of a %s handle stay pinned on %s until its TTL",
+                        MAX_PENDING, reason, h.decode_url)
+            return
+        task = loop.create_task(self._send(h, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, h: Handle, reason: str) -> None:
+        async with self._slots:
+            d = self.decode.by_url(h.decode_url)
+            if d is None or not d.healthy or d.generation != h.generation:
+                self.metrics.count(reason, "skipped")
+                return
+            ups = self.prefill.healthy()
+            if not ups:
+                self._failed(h, reason, "no healthy prefill")
+                return
+            p = min(ups, key=lambda u: u.outstanding)
+            assert self.client is not None
+            try:
+                resp = await self.client.post(
+                    f"{p.url}/v1/completions", content=jsonx.dumps(release_body(h, self.model)), timeout=TIMEOUT_S,
+                    headers={"content-type": "application/json", "x-request-id": f"release-{uuid.uuid4().hex}"})
+            except httpx.HTTPError as e:
+                self._failed(h, reason, f"{p.url}: {type(e).__name__}")
+                return
+            if resp.status_code != 200:
+                self._failed(h, reason, f"{p.url} answered {resp.status_code}")
+                return
+            self.metrics.count(reason, "sent")
+
+    def _failed(self, h: Handle, reason: str, why: str) -> None:
+        self.metrics.count(reason, "failed")
+        log.warning("release of a %s handle on %s failed (%s): its blocks stay pinned until the decode's TTL",
+                    reason, h.decode_url, why)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

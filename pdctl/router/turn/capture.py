@@ -1,0 +1,125 @@
+"""Reading a decode's output: what the router keeps (new handle, token ids, reply) and what the client sees.
+
+Works chunk by chunk for streams and once for whole bodies. Only choice 0 is tracked. The client never sees
+`kv_transfer_params`; it sees `prompt_token_ids`/`token_ids` only if it asked for them itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdctl.router import jsonx
+from pdctl.router.upstream.sse import SseEvents
+
+
+class Capture:
+    def __init__(self, chat: bool, keep_ids: bool) -> None:
+        self.chat = chat
+        self.keep_ids = keep_ids
+        self.params: dict[str, Any] | None = None
+        self.prompt_ids: list[int] | None = None
+        self.output_ids: list[int] = []
+        self.ids_seen = False
+        self.text: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finished = False
+
+    def take(self, obj: dict[str, Any], whole: bool = False) -> None:
+        """Record one parsed chunk (or a whole body) and strip what the client must not see, in place."""
+        params = obj.pop("kv_transfer_params", None)
+        if isinstance(params, dict):
+            self.params = params
+        top = obj.pop("prompt_token_ids", None) if not self.keep_ids else obj.get("prompt_token_ids")
+        if isinstance(top, list):
+            self.prompt_ids = top
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if self.keep_ids:
+                prompt, ids = choice.get("prompt_token_ids"), choice.get("token_ids")
+            else:
+                prompt, ids = choice.pop("prompt_token_ids", None), choice.pop("token_ids", None)
+            if choice.get("index", 0) != 0:
+                continue
+            if isinstance(prompt, list):
+                self.prompt_ids = prompt
+            if isinstance(ids, list):
+                self.ids_seen = True
+                self.output_ids.extend(ids)
+            if choice.get("finish_reason") is not None:
+                self.finished = True
+            self._reply(choice, whole)
+
+    def _reply(self, choice: dict[str, Any], whole: bool) -> None:
+        if not self.chat:
+            text = choice.get("text")
+            if isinstance(text, str):
+                self.text.append(text)
+            return
+        part = choice.get("message" if whole else "delta")
+        if not isinstance(part, dict):
+            return
+        content = part.get("content")
+        if isinstance(content, str):
+            self.text.append(content)
+        for call in part.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                continue
+            slot = self.calls.setdefault(int(call.get("index", len(self.calls)) or 0), {"name": "", "arguments": ""})
+            fn = call.get("function") or {}
+            slot["name"] += fn.get("name") or ""
+            slot["arguments"] += fn.get("arguments") or ""
+
+    def reply(self) -> dict[str, Any]:
+        """The assistant turn as the client will send it back (content, tool calls)."""
+        out: dict[str, Any] = {"content": "".join(self.text)}
+        if self.calls:
+            out["tool_calls"] = [{"function": self.calls[i]} for i in sorted(self.calls)]
+        return out
+
+    def held_tokens(self) -> list[int] | None:
+        """The token ids the decode's blocks hold: prompt + output, cut at its remote_num_tokens."""
+        n = (self.params or {}).get("remote_num_tokens")
+        if self.prompt_ids is None or not self.ids_seen or not isinstance(n, int):
+            return None
+        seq = self.prompt_ids + self.output_ids
+        return seq[:n] if len(seq) >= n else None
+
+
+    def computed_tokens(self) -> list[int] | None:
+        """The ids whose KV a request the decode ran alone left in its cache: the prompt and every output token but
+        the last, which was sampled and never fed back (no handle comes back for such a request)."""
+        if self.prompt_ids is None or not self.ids_seen:
+            return None
+        return self.prompt_ids + self.output_ids[:-1]
+
+
+class SseRewriter:
+    """Splits a decode's SSE byte stream into events, feeds each to a Capture, re-emits the stripped event."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self._events = SseEvents()
+        self.done = False  # the stream's `[DONE]` went by: the capture is whole
+
+    def feed(self, data: bytes) -> bytes:
+        return b"".join(self._event(e) for e in self._events.feed(data))
+
+    def flush(self) -> bytes:
+        return b"".join(self._event(e) for e in self._events.rest())
+
+    def _event(self, event: bytes) -> bytes:
+        event = event.strip(b"\r\n")
+        if not event.startswith(b"data:"):
+            return event + b"\n\n"
+        if event.endswith(b"[DONE]"):
+            self.done = True
+            return event + b"\n\n"
+        try:
+            obj = jsonx.loads(event[5:])
+        except jsonx.DecodeError:
+            return event + b"\n\n"
+        if not isinstance(obj, dict):
+            return event + b"\n\n"
+        self.capture.take(obj)
+        return b"data: " + jsonx.dumps(obj) + b"\n\n"

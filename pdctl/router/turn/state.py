@@ -1,0 +1,90 @@
+"""Everything one router instance holds: config, the shared HTTP client, pools, policies, handles, kept
+responses, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from pdctl.router.config import RouterConfig
+from pdctl.router.kv.affinity import AffinityTable, EngineChoice
+from pdctl.router.kv.capacity import Capacities
+from pdctl.router.kv.conversation import DerivedIndex
+from pdctl.router.kv.handles import Handle, HandleTable
+from pdctl.router.kv.release import Releaser
+from pdctl.router.kv.response_store import ResponseStore
+from pdctl.router.kv.usage import KvUse
+from pdctl.router.turn.metrics import RouterMetrics
+from pdctl.router.upstream.admission import Gate
+from pdctl.router.upstream.pools import AffinityRing, HolderFirst, Pool, Selector
+
+
+@dataclass
+class RouterState:
+    config: RouterConfig
+    prefill: Pool
+    decode: Pool
+    prefill_policy: Selector
+    decode_policy: Selector
+    index: DerivedIndex
+    handles: HandleTable
+    responses: ResponseStore
+    metrics: RouterMetrics
+    prefill_gate: Gate
+    decode_gate: Gate
+    releaser: Releaser
+    capacities: Capacities
+    affinity: AffinityTable  # aggregated mode's conversation -> engine (disaggregated: the handles say it)
+    engine_choice: EngineChoice
+    kv_use: KvUse  # each engine's KV in use (overflow.py's signal)
+    overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
+    client: httpx.AsyncClient | None = field(default=None)
+    unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
+
+    @classmethod
+    def create(cls, config: RouterConfig) -> RouterState:
+        prefill = Pool("prefill", config.prefill, config.eject_after)
+        decode = Pool("decode", config.decode, config.eject_after)
+        index = DerivedIndex()
+        metrics = RouterMetrics()
+        releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
+                            config.release)
+        capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
+        return cls(
+            config=config,
+            prefill=prefill,
+            decode=decode,
+            prefill_policy=AffinityRing(prefill, config.load_factor),
+            decode_policy=HolderFirst(config.load_factor),
+            index=index,
+            handles=HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
+                                budget=capacities.budget if config.release else None,
+                                block_size=config.block_size),
+            responses=ResponseStore(config.handle_lifetime, config.max_handles),
+            metrics=metrics,
+            prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
+            decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
+            releaser=releaser,
+            capacities=capacities,
+            affinity=AffinityTable(config.max_handles, index=index),
+            engine_choice=EngineChoice(),
+            kv_use=KvUse(),
+            overflowed=AffinityTable(config.max_handles, index=index),
+        )
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            raise RuntimeError("the router's HTTP client is opened by the app's lifespan")
+        return self.client
+
+    def stale(self, h: Handle) -> bool:
+        """Whether the decode that issued `h` may have died since (ejected, restarted, gone from the config)."""
+        u = self.decode.by_url(h.decode_url)
+        return u is None or not u.healthy or u.generation != h.generation
+
+    def stats(self) -> dict[str, object]:
+        return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
+                                  self.capacities.budgets(self.decode) if self.config.release else {},
+                                  self.kv_use.snapshot((self.prefill, self.decode)))
