@@ -13,7 +13,7 @@ import pytest
 from pdctl.lifecycle.status import router_stats
 from pdctl.remote.local import LocalTransport
 from pdctl.router.server.routes import ROUTES
-from pdctl.router.turn import local
+from pdctl.router.turn import history as hist
 from pdctl.router.turn.capture import Capture
 from pdctl.router.turn.context import RequestContext
 from pdctl.sim.tokenizer import encode, render_chat
@@ -169,7 +169,7 @@ def _missing(held: list[int], prompt: list[int]) -> int:
 def test_the_estimate_bounds_the_new_tokens_of_an_extended_chat_and_refuses_anything_else() -> None:
     old = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me about " + LONG}]
     reply = "w5 w6 sure, here it is: " + LONG[:200]
-    h = local.history(_ctx(True, {"model": SERVED, "messages": old}), _replied(True, reply))
+    h = hist.history(_ctx(True, {"model": SERVED, "messages": old}), _replied(True, reply))
     assert h is not None and h.size == 3
     held = render_chat(old) + encode(reply)  # what the decode computed: the prompt and the output
     history = [*old, {"role": "assistant", "content": reply}]
@@ -179,7 +179,7 @@ def test_the_estimate_bounds_the_new_tokens_of_an_extended_chat_and_refuses_anyt
                     {"id": "c1", "type": "function", "function": {"name": "look", "arguments": '{"q": "w1 w2"}'}}]},
                  {"role": "tool", "tool_call_id": "c1", "content": "w1 w2 w3 " * 30},
                  {"role": "user", "content": [{"type": "text", "text": "and so?"}]}]):
-        bound = local.added_tokens(_ctx(True, {"model": SERVED, "messages": [*history, *new]}), h)
+        bound = hist.added_tokens(_ctx(True, {"model": SERVED, "messages": [*history, *new]}), h)
         assert bound is not None and _missing(held, render_chat([*history, *new])) <= bound < 2000, new
     edited = [{**history[0], "content": "be long"}, *history[1:], {"role": "user", "content": "more"}]
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}
@@ -187,19 +187,19 @@ def test_the_estimate_bounds_the_new_tokens_of_an_extended_chat_and_refuses_anyt
                  {"model": SERVED, "messages": history[:2]},  # fewer messages
                  {"model": SERVED, "messages": [*history, image]},  # an image's tokens are not its URL's bytes
                  {"model": SERVED, "messages": [*history, {"role": "user", "content": "x"}], "tools": [{}]}):
-        assert local.added_tokens(_ctx(True, body), h) is None, body
+        assert hist.added_tokens(_ctx(True, body), h) is None, body
 
 
 def test_the_estimate_bounds_the_new_tokens_of_an_extended_text_prompt() -> None:
     prompt, reply = "once upon a time " + LONG, " w7 w8 w9"
-    h = local.history(_ctx(False, {"model": SERVED, "prompt": prompt}), _replied(False, reply))
+    h = hist.history(_ctx(False, {"model": SERVED, "prompt": prompt}), _replied(False, reply))
     held = encode(prompt) + encode(reply)
     for new in (" and then", " ünïcødé " * 10, "w10 w11 " * 40):
         body = {"model": SERVED, "prompt": prompt + reply + new}
-        bound = local.added_tokens(_ctx(False, body), h)
+        bound = hist.added_tokens(_ctx(False, body), h)
         assert bound is not None and _missing(held, encode(body["prompt"])) <= bound
-    assert local.added_tokens(_ctx(False, {"model": SERVED, "prompt": "twice " + prompt + reply + " x"}), h) is None
-    assert local.added_tokens(_ctx(False, {"model": SERVED, "prompt": prompt}), h) is None  # not longer
+    assert hist.added_tokens(_ctx(False, {"model": SERVED, "prompt": "twice " + prompt + reply + " x"}), h) is None
+    assert hist.added_tokens(_ctx(False, {"model": SERVED, "prompt": prompt}), h) is None  # not longer
 
 
 @pytest.fixture(scope="module")

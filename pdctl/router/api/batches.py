@@ -21,8 +21,7 @@ from starlette.types import Message, Receive, Send
 
 from pdctl.router import jsonx, wire
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.turn import decode, turns
-from pdctl.router.turn import pipeline as proxy
+from pdctl.router.turn import decode, pipeline, request
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
@@ -81,7 +80,7 @@ async def completions(state: RouterState, ctx: RequestContext, receive: Receive,
         await _streamed(state, ctx, receive, send, batch)
         return
     outs = [_Collect() for _ in batch]
-    await asyncio.gather(*(turns.completion(state, ctx.prompt(i, p), receive, outs[i]) for i, p in enumerate(batch)))
+    await asyncio.gather(*(pipeline.completion(state, ctx.prompt(i, p), receive, outs[i]) for i, p in enumerate(batch)))
     failed = next((o for o in outs if o.status != 200), None)
     if failed is not None:
         await send_bytes(send, failed.status, b"".join(failed.body))
@@ -105,7 +104,7 @@ async def _streamed(state: RouterState, ctx: RequestContext, receive: Receive, s
     started = [False]
     for i, p in enumerate(batch):
         stream = _Relay(send, i, last=i == len(batch) - 1, started=started)
-        await turns.completion(state, ctx.prompt(i, p), receive, stream)
+        await pipeline.completion(state, ctx.prompt(i, p), receive, stream)
         if stream.failed:
             return
 
@@ -184,7 +183,7 @@ async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, se
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
-    if not await proxy.admit(state.decode_gate, send, headers):
+    if not await request.admit(state.decode_gate, send, headers):
         return
     try:
         res = await decode.run(state, ctx, receive, send, None, headers)

@@ -1,6 +1,6 @@
 """POST /v1/responses: the Responses API over the P/D path, with previous_response_id kept by the router.
 
-The request becomes a chat completion (responses_in), runs through proxy.completion (conversation identity,
+The request becomes a chat completion (responses_in), runs through pipeline.completion (conversation identity,
 handle, prefix verification, both hops, retry as recompute, affinity, metrics, X-PD-* headers), and the answer is
 rendered back (responses_out). A follow-up naming `previous_response_id` is expanded to the kept history and runs
 under that response's conversation id, unless the body names its own `conversation_id`.
@@ -14,8 +14,7 @@ from pdctl.router.api.responses_in import BadInput, to_chat
 from pdctl.router.api.responses_out import ResponsesRenderer, new_id, output_messages
 from pdctl.router.api.translated import Translating
 from pdctl.router.errors import send_error
-from pdctl.router.turn import pipeline as proxy
-from pdctl.router.turn import turns
+from pdctl.router.turn import pipeline, request
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
 
@@ -23,7 +22,7 @@ from pdctl.router.turn.state import RouterState
 async def create(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     store, body = state.responses, ctx.body
     prev = body.get("previous_response_id")
-    whose = proxy.owner(ctx)
+    whose = request.owner(ctx)
     kept = None
     if prev is not None:
         kept = store.get(prev, whose) if isinstance(prev, str) else None
@@ -47,4 +46,4 @@ async def create(state: RouterState, ctx: RequestContext, receive: Receive, send
         if renderer.finish is not None and body.get("store", True) is not False:
             store.put(response_id, req.history + output_messages(renderer.outputs), sub.conversation, whose)
 
-    await turns.completion(state, sub, receive, Translating(send, renderer, keep))
+    await pipeline.completion(state, sub, receive, Translating(send, renderer, keep))

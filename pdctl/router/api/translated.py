@@ -1,7 +1,7 @@
 """An agent-API request served as a chat completion: the ASGI `send` that renders the chat answer in the API's shape.
 
 The Responses API and Anthropic Messages are translated into `/v1/chat/completions` for both P/D hops, so the one
-path that carries the KV handshake (proxy.completion) serves them. This wrapper sits between that path and the
+path that carries the KV handshake (turn/pipeline.py) serves them. This wrapper sits between that path and the
 client: it reads what the router would have sent (a whole chat body, an SSE stream of chat chunks, or an error),
 turns it into chatstream events and lets the API's Renderer write them. The router's own headers (X-PD-*) pass.
 """
@@ -56,7 +56,7 @@ def error_parts(raw: bytes) -> tuple[str, str]:
 
 
 class Translating:
-    """The `send` given to proxy.completion. After the call, `ok` says whether a whole answer reached the client.
+    """The `send` given to pipeline.completion. After the call, `ok` says whether a whole answer reached the client.
 
     `kept` runs once a whole answer is rendered, before the client can see its end: what it stores (a Responses
     id) is there for a follow-up sent the instant this answer ended."""

@@ -159,7 +159,7 @@ class DerivedIndex:
                     del self._prompt[key[1]]
 
     def derive_chat(self, messages: Sequence[Any], scope: str = "") -> Derivation:
-        """`scope` is the owner (see proxy.owner): one owner's history never matches another's."""
+        """`scope` is the owner (see turn/request.py's owner): one owner's history never matches another's."""
         chain = _chain(hash((_CHAT_ROOT, scope)), [message_key(m) for m in messages])
         for k in range(len(messages), 0, -1):
             last = messages[k - 1]

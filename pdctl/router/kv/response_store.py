@@ -1,10 +1,10 @@
 """The responses the router keeps so that `previous_response_id` can be honoured: bounded, expiring, in memory.
 
-An entry is the conversation so far as chat messages (input and output, without the instructions), the
-conversation id its turn ran under, and its owner (proxy.owner: the client's credentials and cache_salt). To anyone
-else the id is unknown, so a response id never hands another client the history or the KV. An entry lives as long
-as a decode handle does (`handle_lifetime`): past that the KV is gone too, and a follow-up gets a clear 400 telling
-the client to resend its input. Entries and their total size are bounded; the least recently used go first.
+An entry is the conversation so far as chat messages (input and output, without the instructions), the conversation
+id its turn ran under, and its owner (turn/request.py's `owner`: the client's credentials and cache_salt). To anyone
+else the id is unknown, so a response id never hands another client the history or the KV. An entry lives as long as
+a decode handle does (`handle_lifetime`): past that the KV is gone too, and a follow-up gets a clear 400 telling the
+client to resend its input. Entries and their total size are bounded; the least recently used go first.
 """
 
 from __future__ import annotations

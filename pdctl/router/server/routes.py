@@ -13,9 +13,8 @@ from typing import Literal
 
 from starlette.types import Receive, Send
 
-from pdctl.router.api import batches, messages, responses
+from pdctl.router.api import chat, messages, responses
 from pdctl.router.server import endpoints, passthrough
-from pdctl.router.turn import turns
 from pdctl.router.turn.context import RequestContext, RouteInfo
 from pdctl.router.turn.state import RouterState
 
@@ -52,24 +51,13 @@ class RouteTable:
         return route.path if route is not None and not route.prefix else "other"
 
 
-async def generation(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
-    """Chat and completions: one conversation turn (turns: proxy, or aggregated), or a list of prompts or n > 1
-    samples (batches)."""
-    if not ctx.chat and (batch := batches.prompts(ctx.body)) is not None:
-        await batches.completions(state, ctx, receive, send, batch)
-    elif batches.samples(ctx.body) > 1:
-        await batches.sampled(state, ctx, receive, send)
-    else:
-        await turns.completion(state, ctx, receive, send)
-
-
 # Stateless engine routes: forwarded as they are (passthrough.py).
 _ENGINE_POST = ("/tokenize", "/detokenize", "/v1/embeddings", "/pooling", "/classify", "/score", "/v1/score",
                 "/rerank", "/v1/rerank", "/v2/rerank")
 
 ROUTES = RouteTable([
-    Route("/v1/chat/completions", "POST", generation),
-    Route("/v1/completions", "POST", generation),
+    Route("/v1/chat/completions", "POST", chat.generation),
+    Route("/v1/completions", "POST", chat.generation),
     Route("/v1/responses", "POST", responses.create),
     Route("/v1/messages", "POST", messages.create, anthropic=True),
     *(Route(path, "POST", passthrough.forward) for path in _ENGINE_POST),

@@ -1,13 +1,13 @@
 """Aggregated mode (`--mode aggregated`): every request whole to one engine, picked by conversation affinity.
 
-Each engine computes a request's prompt and generates its answer itself, its prefix cache keeping what earlier
-turns computed, so the router's one decision is where: the engine that served the conversation's last turn
-(affinity.py), else the least loaded. Chat, completions, and the agent APIs translated into chat (Responses,
-Messages) come here through turns.py, a list of prompts one prompt at a time (batches.py, as in P/D mode; n > 1
-goes to one engine there too). What the router does not do
-here: no kv_transfer_params, no /tokenize, no handles, no prefix verification, no token ids asked for. The
-forwarding is whole.py's: the answer passes through as the engine sent it (its body and status, never its
-headers or address); only a derived conversation's reply is read on the side, to know its next request.
+Each engine computes a request's prompt and generates its answer itself, its prefix cache keeping what earlier turns
+computed, so the router's one decision is where: the engine that served the conversation's last turn
+(kv/affinity.py), else the least loaded. Chat, completions, and the agent APIs translated into chat (Responses,
+Messages) come here through pipeline.completion, a list of prompts one prompt at a time (api/batches.py, as in P/D
+mode; n > 1 goes to one engine there too). What the router does not do here: no kv_transfer_params, no /tokenize, no
+handles, no prefix verification, no token ids asked for. The forwarding is whole.py's: the answer passes through as
+the engine sent it (its body and status, never its headers or address); only a derived conversation's reply is read
+on the side, to know its next request.
 
 An engine that refuses the connection, resets it or answers 5xx before the first byte never gave the client
 anything: the request goes to the next best engine. One that fails mid-stream ends the client's stream with an
@@ -24,8 +24,7 @@ from starlette.types import Receive, Send
 from pdctl.router import jsonx
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.kv.conversation import Derivation
-from pdctl.router.turn import pipeline as proxy
-from pdctl.router.turn import placement
+from pdctl.router.turn import placement, request
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
@@ -43,7 +42,7 @@ async def completion(state: RouterState, ctx: RequestContext, receive: Receive, 
 def _conversation(state: RouterState, ctx: RequestContext) -> tuple[str | None, Derivation | None]:
     if ctx.chat and not (isinstance(ctx.body.get("messages"), list) and ctx.body["messages"]):
         return None, None  # the engine answers what is wrong with it
-    return proxy.conversation(state, ctx)
+    return request.conversation(state, ctx)
 
 
 async def _completion(state: RouterState, ctx: RequestContext, send: Send) -> None:
@@ -54,7 +53,7 @@ async def _completion(state: RouterState, ctx: RequestContext, send: Send) -> No
         return
     cid, ctx.derivation = _conversation(state, ctx)
     ctx.conversation = cid
-    if not await proxy.admit(state.decode_gate, send):
+    if not await request.admit(state.decode_gate, send):
         return
     try:
         await _forward(state, ctx, send)

@@ -1,129 +1,38 @@
-"""Conditional disaggregation: which warm turns run on the decode alone, decided without tokenizing the prompt.
+"""Conditional disaggregation: whether a warm turn runs on the decode that holds its conversation, alone.
 
-A turn runs on the decode that holds its conversation when that decode lacks at most `local_prefill_tokens` of
-the prompt and the placement policy agrees. The router knows which tokens the decode holds (the handle's, and
-what local turns computed since) but not, without a /tokenize, how the new prompt tokenizes. What it does know is
-how the request relates to the last turn the decode ran: a handle records that turn's prompt and reply (`History`:
-its messages, or its prompt text, hashed), and a request that repeats them unchanged and adds to them lacks, on
-the decode, only what it adds. That is bounded from above without a tokenizer:
-- a byte-level BPE token spans at least one byte of text, and pdctl's simulator's tokens are whitespace-separated
-  words or specials, at least one character each: the UTF-8 bytes of the new text (a message's role, content,
-  tool calls as JSON) bound its tokens;
-- a chat template adds its markers around each message (ChatML: `<|im_start|>`, role, newlines, `<|im_end|>`)
-  and the generation prompt: PER_MESSAGE_TOKENS each;
-- the previous reply's last tokens (sampled, never fed back) and a merge across its end: TAIL_TOKENS.
-A template that also re-renders earlier messages (one that drops earlier reasoning, a date line) makes the decode
-compute more than the estimate: the answer is still right (the decode's own prefix cache reuses exactly what
-matches), only the placement was optimistic. Any other request (history edited, fewer messages, images in what
-is new, a conversation id whose messages differ) goes through the prefill, where the prefix is verified.
-A token-id completion needs no estimate: its ids are compared with the decode's, exactly.
+It does when that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds
+without tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the
+decode's and the chosen prefill's load, agrees. Such a turn skips the prefill hop and both transfers: the decode
+gets an ordinary request that hits its own prefix cache, and the handle stays pinned for the next disaggregated
+turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
 """
 
 from __future__ import annotations
 
-import logging
-from array import array
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass
 
-from starlette.types import Receive, Send
-
-from pdctl.router import jsonx, wire
-from pdctl.router.kv.conversation import message_key, prompt_text
-from pdctl.router.kv.handles import Handle, History
-from pdctl.router.turn import decode, placement
-from pdctl.router.turn.capture import Capture
+from pdctl.router.kv.handles import Handle
+from pdctl.router.turn import placement
 from pdctl.router.turn.context import RequestContext
+from pdctl.router.turn.history import added_tokens, token_ids
 from pdctl.router.turn.state import RouterState
-from pdctl.router.turn.verify import as_tokens, matching_blocks
+from pdctl.router.turn.verify import matching_blocks
 from pdctl.router.upstream.pools import Upstream
 
-log = logging.getLogger("pdctl.router")
 
-PER_MESSAGE_TOKENS = 16
-TAIL_TOKENS = 16
-# Request fields that change how the whole history renders: a request differing in one extends nothing.
-_RENDER = ("model", "tools", "chat_template", "chat_template_kwargs", "documents", "add_special_tokens")
+@dataclass(frozen=True)
+class Local:
+    """Run the turn on `decode`, which holds `held` tokens of it (whole blocks) and lacks at most `missing`."""
 
-
-def token_ids(ctx: RequestContext) -> array[int] | None:
-    """A token-id completion's prompt (ids the router has without a tokenizer), else None."""
-    prompt = ctx.body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    return as_tokens(prompt) if not ctx.chat and isinstance(prompt, list) else None
-
-
-def _root(body: dict[str, Any]) -> int:
-    return hash(("pdctl-history", jsonx.dumps({k: body[k] for k in _RENDER if k in body})))
-
-
-def _chat_chain(body: dict[str, Any], extra: dict[str, Any] | None = None) -> list[int]:
-    messages = [*body.get("messages", ()), *((extra,) if extra is not None else ())]
-    chain = [_root(body)]
-    for m in messages:
-        chain.append(hash((chain[-1], message_key(m))))
-    return chain
-
-
-def history(ctx: RequestContext, capture: Capture) -> History | None:
-    """This turn's prompt and the reply the client got, as the conversation's next request must repeat them."""
-    body = ctx.body
-    if ctx.chat:
-        chain = _chat_chain(body, {"role": "assistant", **capture.reply()})
-        return History(len(chain) - 1, chain[-1])
-    text = prompt_text(body.get("prompt"))
-    if not isinstance(text, str):
-        return None
-    text += "".join(capture.text)
-    return History(len(text), hash((_root(body), text)))
-
-
-def _bytes(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
-def _message_bytes(m: Any) -> int:
-    """The bytes of a message's text as a template renders it: role, content, tool calls (name, arguments, a
-    wrapper of PER_MESSAGE_TOKENS each) and the id they answer."""
-    if not isinstance(m, dict):
-        return len(jsonx.dumps(m))
-    content = m.get("content")
-    parts = content if isinstance(content, list) else [content]
-    n = sum(_bytes(p) if isinstance(p, str) else _bytes(str(p.get("text", ""))) if isinstance(p, dict) else 0
-            for p in parts)
-    n += _bytes(str(m.get("role", ""))) + _bytes(str(m.get("tool_call_id") or "")) + _bytes(str(m.get("name") or ""))
-    for call in m.get("tool_calls") or ():
-        fn = call.get("function") if isinstance(call, dict) else None
-        n += PER_MESSAGE_TOKENS + (len(jsonx.dumps(fn)) if fn is not None else len(jsonx.dumps(call)))
-    return n
-
-
-def added_tokens(ctx: RequestContext, h: History | None) -> int | None:
-    """At most how many tokens this request adds to `h` (module docstring); None when it does not extend it."""
-    body = ctx.body
-    if h is None or body.get("continue_final_message"):
-        return None
-    if ctx.chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or len(messages) <= h.size or _chat_chain(body)[h.size] != h.key:
-            return None
-        new = messages[h.size:]
-        if any(isinstance(m, dict) and isinstance(m.get("content"), list)
-               and any(not isinstance(c, dict) or c.get("type") != "text" for c in m["content"]) for m in new):
-            return None  # an image's or audio's tokens are not bounded by its URL's bytes
-        return TAIL_TOKENS + sum(_message_bytes(m) + PER_MESSAGE_TOKENS for m in new)
-    text = prompt_text(body.get("prompt"))
-    if not isinstance(text, str) or len(text) <= h.size or hash((_root(body), text[:h.size])) != h.key:
-        return None
-    return TAIL_TOKENS + _bytes(text[h.size:])
+    decode: Upstream
+    held: int
+    missing: int
 
 
 def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
-           prefill: Upstream | None = None) -> tuple[Upstream, int, int] | None:
-    """The decode holding the conversation, the tokens of it that decode holds (whole blocks) and at most how
-    many the prompt lacks there, when it lacks at most `local_prefill_tokens` and the placement policy (given the
-    decode's and `prefill`'s requests in flight) runs it there; else None (disaggregate)."""
+           prefill: Upstream | None = None) -> Local | None:
+    """The decode holding the conversation, when it lacks at most `local_prefill_tokens` of the prompt and the
+    placement policy (given the decode's and `prefill`'s requests in flight) runs the turn there; else None."""
     cfg = state.config
     limit = cfg.local_prefill_tokens
     if limit <= 0 or h is None or not cfg.verify_prefix:
@@ -147,40 +56,4 @@ def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
     if not placement.run_locally(cfg.local_policy, missing, limit, placement.load_of(holder), prefill_load,
                                  cfg.local_busy_streams):
         return None
-    return holder, held, missing
-
-
-async def run(state: RouterState, ctx: RequestContext, receive: Receive, send: Send,
-              local: tuple[Upstream, int, int]) -> bool:
-    """Run the turn on the decode alone (no kv_transfer_params: an ordinary request that hits its prefix cache).
-
-    The handle stays pinned on the decode for the next disaggregated turn, which reads it and has the prefill
-    compute the rest. False when the decode failed before its first byte: the caller then disaggregates."""
-    taken, rid, derivation = ctx.taken, ctx.rid, ctx.derivation
-    d, held, missing = local
-    h = taken.handle
-    assert h is not None
-    reuse = wire.Reuse("hit", held, wire.DECODE_LOCAL)
-    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
-
-    def keep(capture: Capture, _: Upstream) -> None:
-        """The pinned handle goes back for the next turn, with what the decode now caches beyond it."""
-        computed = capture.computed_tokens()
-        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
-        state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached,
-                                  history=history(ctx, capture)))
-        ctx.release(state.handles)
-
-    work = placement.Work(d, missing)  # its prompt is a chunk in the decode's batch until the first token
-    try:
-        res = await decode.run(state, ctx, receive, placement.done_at_first_body(work, send), None, headers, keep,
-                               only=d)
-    finally:
-        work.done()
-    if not res.sent:
-        log.warning("[%s] local turn: its decode failed before the first byte; disaggregating", rid)
-        return False
-    state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, held, True)
-    state.metrics.local_turn()
-    log.info("[%s] Ran on the decode alone (kv %s)", rid, reuse.header)
-    return True
+    return Local(holder, held, missing)

@@ -28,7 +28,7 @@ from pdctl.router import jsonx, wire
 from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
-from pdctl.router.turn.verify import Verdict, as_tokens, miss, settle
+from pdctl.router.turn.verify import Verdict, miss, settle
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
@@ -38,8 +38,6 @@ _PREFILL_DROP = ("max_completion_tokens", "min_tokens", "stream_options", "n", "
                  "top_logprobs", "prompt_logprobs", "return_token_ids", "echo")
 # What a token-id prefill keeps: whatever decides its KV besides the ids (the model or LoRA, the cache salt).
 _IDS_KEEP = ("model", "cache_salt", "priority")
-_TOKENIZE_CHAT = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-                  "continue_final_message", "add_special_tokens", "mm_processor_kwargs", "documents")
 
 
 @dataclass
@@ -50,30 +48,6 @@ class PrefillResult:
     ms: float
     status: int = 200
     error: bytes = b""
-
-
-async def tokenize(state: RouterState, ctx: RequestContext, p: Upstream) -> array[int] | None:
-    """The new request's prompt token ids, as the chosen prefill computes them."""
-    body = ctx.body
-    # token_strs would double the answer (vLLM sends them only when asked); the router reads `tokens` alone.
-    req: dict[str, Any] = {"model": body.get("model", state.config.model), "return_token_strs": False}
-    if ctx.chat:
-        req["messages"] = body.get("messages")
-        req.update((k, body[k]) for k in _TOKENIZE_CHAT if k in body)
-    else:
-        req["prompt"] = body.get("prompt")
-        if "add_special_tokens" in body:
-            req["add_special_tokens"] = body["add_special_tokens"]
-    try:
-        resp = await state.http.post(f"{p.url}/tokenize", content=jsonx.dumps(req),
-                                     headers={"content-type": "application/json"})
-        if resp.status_code != 200:
-            state.metrics.error("prefill", f"tokenize_{resp.status_code}")
-            return None
-        return as_tokens(jsonx.loads(resp.content).get("tokens"))
-    except (httpx.HTTPError, jsonx.DecodeError, AttributeError):
-        state.metrics.error("prefill", "tokenize")
-        return None
 
 
 def text_only(body: dict[str, Any]) -> bool:

@@ -1,0 +1,75 @@
+"""The turn's last stage: the decode's answer becomes the conversation's next handle, before the client can see
+the turn's end (decode.run's `done`), so a client that sends its next turn at once finds it kept.
+
+A disaggregated turn keeps the decode's new handle, tied to that decode's incarnation, with the tokens it holds
+and the digests a prefill verifies them by. A local turn puts back the handle it took, with what the decode now
+caches beyond it. Either way the lease the turn took is given back; a handle no prefill read and that is not back
+in the table is released on its decode (`release_unread`), else its blocks stay pinned until the decode's TTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pdctl import prefix_check
+from pdctl.router import wire
+from pdctl.router.kv.handles import UNREAD, Handle
+from pdctl.router.turn.capture import Capture
+from pdctl.router.turn.context import RequestContext
+from pdctl.router.turn.decode import Done
+from pdctl.router.turn.history import history
+from pdctl.router.turn.state import RouterState
+from pdctl.router.turn.verify import as_tokens
+from pdctl.router.upstream.pools import Upstream
+
+
+def new_handle(state: RouterState, ctx: RequestContext) -> Done:
+    """What a disaggregated turn's decode answer does: store the decode's new handle."""
+
+    def keep(capture: Capture, d: Upstream) -> None:
+        ctx.release(state.handles)
+        cid = ctx.conversation
+        if cid is None:
+            return
+        if capture.params is None:
+            state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
+            return
+        state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
+        derivation = ctx.derivation
+        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
+        now, cfg = state.handles.clock(), state.config
+        held = as_tokens(capture.held_tokens())
+        n = capture.params.get("remote_num_tokens")
+        spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse)
+                if cfg.verify_prefix and cfg.verify_at == "prefill" and held is not None and isinstance(n, int)
+                and n > 0 else None)
+        state.handles.put(Handle(cid, capture.params, d.url, held, now, now + cfg.handle_lifetime, key,
+                                 generation=d.generation, spec=spec, history=history(ctx, capture)))
+
+    return keep
+
+
+def same_handle(state: RouterState, ctx: RequestContext, h: Handle) -> Done:
+    """What a local turn's decode answer does: the pinned handle goes back for the next turn, with what the decode
+    now caches beyond it."""
+
+    def keep(capture: Capture, _: Upstream) -> None:
+        computed = capture.computed_tokens()
+        derivation = ctx.derivation
+        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
+        state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached,
+                                  history=history(ctx, capture)))
+        ctx.release(state.handles)
+
+    return keep
+
+
+def release_unread(state: RouterState, ctx: RequestContext) -> None:
+    """The turn took a handle that no prefill got (a miss decided here, a failure, the client left) and that is
+    not back in the table (a local turn puts it back): release its blocks on the decode."""
+    h = ctx.taken.handle
+    if h is None or ctx.spent or ctx.conversation is None:
+        return
+    now = state.handles.get(ctx.conversation)
+    if now is None or now.request_id != h.request_id:
+        state.releaser.submit(h, UNREAD)
