@@ -152,7 +152,7 @@ class RouterStats:
     live_handles: int = 0
     pinned_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> tokens its live handles pin
     pin_budget_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> its budget (none: absent)
-    releases: Mapping[str, int] = field(default_factory=dict)  # why -> releases sent (pdctl.router.release)
+    releases: Mapping[str, int] = field(default_factory=dict)  # why -> releases sent (pdctl.router.kv.release)
     releases_failed: int = 0  # releases that did not reach a prefill or that it refused
     kv_use: Mapping[str, float] = field(default_factory=dict)  # engine URL -> its KV in use as the router sees it
     prefill: tuple[UpstreamStats, ...] = ()

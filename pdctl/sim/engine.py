@@ -27,7 +27,7 @@ from pdctl.sim.tokenizer import generate
 
 log = logging.getLogger("pdctl.sim.engine")
 
-# What marks a router's release (pdctl.router.release.RELEASE_FIELD): with pdctl's patch to vLLM (the simulator's
+# What marks a router's release (pdctl.router.kv.release.RELEASE_FIELD): with pdctl's patch to vLLM (the simulator's
 # --prefix-check) the prefill frees its one block when it finishes instead of keeping it for a decode's pull.
 RELEASE = "pdctl_release"
 

@@ -1,6 +1,7 @@
 """Conditional disaggregation (`--local-prefill-tokens`): a turn whose decode already caches nearly all of the
 prompt runs on that decode alone; a turn with more new tokens goes through the prefill and reads the handle. The
-router decides without tokenizing: from what the request adds to the turn the decode last ran (pdctl.router.local)."""
+router decides without tokenizing: from what the request adds to the turn the decode last ran
+(pdctl.router.turn.local, turn/history.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def test_work_runs_the_long_turn_locally_and_the_next_one_through_the_idle_prefi
         # Every decode request waits 1 s (wall) before its first token: the long local turn's prompt stays in
         # flight on the decode while the second conversation's turn is placed.
         sim_pair(tmp_path, speed=5, threshold=0, decode_args=["--extra-latency-ms", "5000"]) as pd,
-        # The router bounds a text turn's new tokens by its bytes (pdctl.router.local): 1000 words, ~6000 bytes.
+        # The router bounds a text turn's new tokens by its bytes (pdctl.router.turn.history): 1000 words, ~6000 bytes.
         router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "8000",
                        "--local-policy", "work") as r,
     ):

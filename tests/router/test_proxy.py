@@ -1,4 +1,4 @@
-"""proxy.completion's turn bookkeeping as an agent loop sees it: the next turn is sent the instant the last ended.
+"""pipeline.completion's turn bookkeeping as an agent loop sees it: the next turn is sent the instant the last ended.
 
 The router must have stored a turn's new handle (and released the one it took) before its client can see the
 turn's end, whenever the decode's stream itself closes: behind the `late` router (conftest.py) the decode's

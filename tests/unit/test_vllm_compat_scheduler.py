@@ -247,7 +247,7 @@ def test_request_finished_without_a_report_says_none(modules: Loaded) -> None:
 
 
 def _release(modules: Loaded, which: str, marked: bool) -> tuple[Any, Any, tuple[bool, Any]]:
-    """A router's release (pdctl.router.release) through vLLM's scheduler code, scheduled and finished by length."""
+    """A router's release (pdctl.router.kv.release) through vLLM's scheduler code, scheduled and finished by length."""
     from pdctl.router.kv.release import RELEASE_FIELD, release_params
 
     params = release_params({**_handle(), "remote_num_tokens": HELD, "remote_blocks_expiry_time": 9.0})

@@ -2,7 +2,7 @@
 how a new conversation picks one.
 
 One entry per conversation, bounded (least recently used go), with the engine's `generation` when it served the
-turn: an engine that may have died since (upstreams.py) holds nothing of it any more, so the next turn picks
+turn: an engine that may have died since (upstream/pools.py) holds nothing of it any more, so the next turn picks
 again. A derived conversation's entry carries the key its next request is matched by (conversation.py), kept in
 step with the index as the handle table keeps it in disaggregated mode.
 """

@@ -1,6 +1,6 @@
 """Each decode's KV capacity, read from its /metrics (`vllm:cache_config_info`), for the pin budget (pins.py).
 
-Read once per decode process: a decode that restarts (a new generation, upstreams.py) may have another capacity,
+Read once per decode process: a decode that restarts (a new generation, upstream/pools.py) may have another capacity,
 so it is read again. A decode whose /metrics does not say (an engine other than vLLM, an older vLLM) gets no
 budget, and the log says so once with the knob that sets one.
 """

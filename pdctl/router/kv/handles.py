@@ -8,12 +8,12 @@ it: which decode holds the blocks, which token ids they hold, and when it stops 
 the decode frees its blocks after the first read). Conversations the table has seen but holds no handle for
 keep a bounded tombstone with the reason, so the next turn's miss says why (expired, evicted, ...).
 
-A handle also records the `generation` of the decode that issued it (upstreams.py): when that decode may have
+A handle also records the `generation` of the decode that issued it (upstream/pools.py): when that decode may have
 died since, its blocks are gone or hold someone else's tokens, and the handle is dropped unused (`RESTARTED`).
 
 Every handle the table drops unread (replaced, evicted, expired) still pins its blocks on the decode: `on_drop`
-hears of it with the reason, and the router releases them (pdctl.router.release). The table also keeps each
-decode's pinned tokens (pdctl.router.pins); a handle that takes its decode over its `budget` (by decode URL) drops
+hears of it with the reason, and the router releases them (release.py). The table also keeps each
+decode's pinned tokens (pins.py); a handle that takes its decode over its `budget` (by decode URL) drops
 that decode's least recently used handles (reason `pressure`, next turn's miss `released`). A handle whose decode
 restarted is dropped without a word: its blocks went with the process.
 """
@@ -65,7 +65,7 @@ class Handle:
     # The digest chain of `tokens` a prefill checks before it reads (pdctl.prefix_check.spec; verify_at prefill),
     # made when the handle is stored so that no turn computes it on its way to the prefill.
     spec: dict[str, Any] | None = field(default=None, compare=False)
-    # What the decode last ran for the conversation, as the next request must extend it (pdctl.router.local).
+    # What the decode last ran for the conversation, as the next request must extend it (turn/history.py).
     history: History | None = field(default=None, compare=False)
 
     @property

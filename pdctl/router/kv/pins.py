@@ -2,7 +2,7 @@
 
 A handle pins the blocks of its turn on the decode that issued it (`remote_num_tokens` tokens, rounded up to whole
 blocks) until a prefill reads them or the decode's `decoder_kv_blocks_ttl` runs out. Conversations that share a
-prefix (a system prompt) share those blocks in the decode's prefix cache: the table (pdctl.router.handles) counts
+prefix (a system prompt) share those blocks in the decode's prefix cache: the table (handles.py) counts
 a whole chunk that several handles hold once, by its digest in their prefix-check chain, and counts in full what
 it cannot tell apart (handles without a chain, the partial chunk at the end), so it errs towards releasing early.
 """

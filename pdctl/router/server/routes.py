@@ -28,7 +28,7 @@ class Route:
     handler: Handler
     prefix: bool = False  # `path` starts the paths it serves (/v1/models/{model}); counted as "other"
     auth: bool = True  # False: answers without the API key (/health: load balancers probe it)
-    anthropic: bool = False  # errors in Anthropic's shape (apishape.AnthropicErrors)
+    anthropic: bool = False  # errors in Anthropic's shape (anthropic_errors.py)
 
 
 class RouteTable:

@@ -8,7 +8,7 @@ whole to the least used such prefill, through the forwarding aggregated mode use
 conversation's later turns follow it there (its prompt is in that prefill's prefix cache) while that prefill
 stays below the threshold. The price: decode steps on the prefill lengthen the prefill hop of other turns.
 
-The KV use is kvuse.py's (polled, plus what was sent since): the decision adds no HTTP call to a turn. A
+The KV use is kv/usage.py's (polled, plus what was sent since): the decision adds no HTTP call to a turn. A
 conversation that moves to a prefill gives up its decode handle (released, reason `overflow`); one whose prefill
 fails before the first byte goes the normal way through the decode.
 """

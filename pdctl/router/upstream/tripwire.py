@@ -3,7 +3,7 @@
 A process that dies closes every socket it had, so the tripwire closing means the decode behind that address may
 be a new process, even one restarted on the same port between two health checks (a simulator restarts in 0.3 s,
 faster than the default 2 s interval). Its handles then point at KV that no longer exists: the decode's
-generation ends at once (upstreams.py) and nothing it issued before is used. A refused reconnect means the same.
+generation ends at once (pools.py) and nothing it issued before is used. A refused reconnect means the same.
 Only plain-http decodes get one (a TLS server would time out the silent handshake and trip it for nothing).
 """
 
