@@ -9,7 +9,8 @@ from starlette.types import Message
 
 from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
-from pdctl.router.turn.placement import HOP_TOKENS, Load, Work, done_at_first_body, prompt_tokens, run_locally
+from pdctl.router.turn.placement import HOP_TOKENS, prompt_tokens, run_locally
+from pdctl.router.upstream.load import Load, Work, done_at_first_body
 from pdctl.router.upstream.pools import Upstream
 
 

@@ -21,7 +21,7 @@ from starlette.types import Message, Receive, Send
 
 from pdctl.router import jsonx, wire
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.turn import decode, pipeline, request
+from pdctl.router.turn import decode, pipeline
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
@@ -183,7 +183,7 @@ async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, se
         await send_error(send, 503, f"no healthy decode instance (0 of {len(state.decode.members)} healthy)")
         return
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), wire.Reuse("miss", 0, wire.N_GT_1).raw()]
-    if not await request.admit(state.decode_gate, send, headers):
+    if not await state.decode_gate.admit(send, headers):
         return
     try:
         res = await decode.run(state, ctx, receive, send, None, headers)

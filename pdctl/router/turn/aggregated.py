@@ -53,7 +53,7 @@ async def _completion(state: RouterState, ctx: RequestContext, send: Send) -> No
         return
     cid, ctx.derivation = _conversation(state, ctx)
     ctx.conversation = cid
-    if not await request.admit(state.decode_gate, send):
+    if not await state.decode_gate.admit(send):
         return
     try:
         await _forward(state, ctx, send)

@@ -16,52 +16,43 @@ from pdctl.router import wire
 from pdctl.router.kv.handles import UNREAD, Handle
 from pdctl.router.turn.capture import Capture
 from pdctl.router.turn.context import RequestContext
-from pdctl.router.turn.decode import Done
 from pdctl.router.turn.history import history
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.verify import as_tokens
 from pdctl.router.upstream.pools import Upstream
 
 
-def new_handle(state: RouterState, ctx: RequestContext) -> Done:
-    """What a disaggregated turn's decode answer does: store the decode's new handle."""
-
-    def keep(capture: Capture, d: Upstream) -> None:
-        ctx.release(state.handles)
-        cid = ctx.conversation
-        if cid is None:
-            return
-        if capture.params is None:
-            state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
-            return
-        state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
-        derivation = ctx.derivation
-        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
-        now, cfg = state.handles.clock(), state.config
-        held = as_tokens(capture.held_tokens())
-        n = capture.params.get("remote_num_tokens")
-        spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse)
-                if cfg.verify_prefix and cfg.verify_at == "prefill" and held is not None and isinstance(n, int)
-                and n > 0 else None)
-        state.handles.put(Handle(cid, capture.params, d.url, held, now, now + cfg.handle_lifetime, key,
-                                 generation=d.generation, spec=spec, history=history(ctx, capture)))
-
-    return keep
+def new_handle(state: RouterState, ctx: RequestContext, capture: Capture, d: Upstream) -> None:
+    """A disaggregated turn's decode answer is whole: store the decode's new handle."""
+    ctx.release(state.handles)
+    cid = ctx.conversation
+    if cid is None:
+        return
+    if capture.params is None:
+        state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
+        return
+    state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
+    derivation = ctx.derivation
+    key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
+    now, cfg = state.handles.clock(), state.config
+    held = as_tokens(capture.held_tokens())
+    n = capture.params.get("remote_num_tokens")
+    spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse)
+            if cfg.verify_prefix and cfg.verify_at == "prefill" and held is not None and isinstance(n, int)
+            and n > 0 else None)
+    state.handles.put(Handle(cid, capture.params, d.url, held, now, now + cfg.handle_lifetime, key,
+                             generation=d.generation, spec=spec, history=history(ctx, capture)))
 
 
-def same_handle(state: RouterState, ctx: RequestContext, h: Handle) -> Done:
-    """What a local turn's decode answer does: the pinned handle goes back for the next turn, with what the decode
+def same_handle(state: RouterState, ctx: RequestContext, h: Handle, capture: Capture, _: Upstream) -> None:
+    """A local turn's decode answer is whole: the pinned handle goes back for the next turn, with what the decode
     now caches beyond it."""
-
-    def keep(capture: Capture, _: Upstream) -> None:
-        computed = capture.computed_tokens()
-        derivation = ctx.derivation
-        key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
-        state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached,
-                                  history=history(ctx, capture)))
-        ctx.release(state.handles)
-
-    return keep
+    computed = capture.computed_tokens()
+    derivation = ctx.derivation
+    key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation else None
+    state.handles.put(replace(h, derived_key=key, cached=as_tokens(computed) if computed else h.cached,
+                              history=history(ctx, capture)))
+    ctx.release(state.handles)
 
 
 def release_unread(state: RouterState, ctx: RequestContext) -> None:

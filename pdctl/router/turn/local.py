@@ -17,6 +17,7 @@ from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.history import added_tokens, token_ids
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.verify import matching_blocks
+from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Upstream
 
 
@@ -52,8 +53,8 @@ def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
         held, missing = len(known) // bs * bs, added_tokens(ctx, h.history)
     if held == 0 or missing is None:
         return None
-    prefill_load = placement.load_of(prefill) if prefill is not None else None
-    if not placement.run_locally(cfg.local_policy, missing, limit, placement.load_of(holder), prefill_load,
+    prefill_load = load.load_of(prefill) if prefill is not None else None
+    if not placement.run_locally(cfg.local_policy, missing, limit, load.load_of(holder), prefill_load,
                                  cfg.local_busy_streams):
         return None
     return Local(holder, held, missing)

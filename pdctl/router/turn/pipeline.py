@@ -22,15 +22,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from starlette.types import Receive, Send
 
 from pdctl.router import wire
 from pdctl.router.errors import send_bytes, send_error
-from pdctl.router.turn import aggregated, decode, keep, local, overflow, placement, prefill, request, verification
+from pdctl.router.turn import aggregated, decode, keep, local, overflow, prefill, request, verification
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
+from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
@@ -47,18 +49,17 @@ async def completion(state: RouterState, ctx: RequestContext, receive: Receive, 
 
 async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     ctx.started = time.perf_counter()
-    problem = request.unsupported(ctx.chat, ctx.body)
+    problem = request.resolve(state, ctx)
     if problem:
         await send_error(send, 400, problem)
         return
-    ctx.conversation, ctx.derivation = request.conversation(state, ctx)
     if not state.prefill.healthy() or not state.decode.healthy():
         await send_error(send, 503, request.unavailable(state.decode if state.prefill.healthy() else state.prefill))
         return
     whole = overflow.choose(state, ctx)
     if whole is not None and await _whole_on_prefill(state, ctx, send, whole):
         return
-    if not await request.admit(state.decode_gate, send):
+    if not await state.decode_gate.admit(send):
         return
     ctx.taken = state.handles.take(ctx.conversation, state.stale) if ctx.conversation else NOT_TAKEN
     try:
@@ -80,7 +81,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
 
 async def _whole_on_prefill(state: RouterState, ctx: RequestContext, send: Send, p: Upstream) -> bool:
     """The turn whole on prefill `p`; True when it ended there (served, or refused a slot)."""
-    if not await request.admit(state.prefill_gate, send):
+    if not await state.prefill_gate.admit(send):
         return True
     try:
         return await overflow.run(state, ctx, send, p)
@@ -98,10 +99,10 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
     assert h is not None
     reuse = wire.Reuse("hit", here.held, wire.DECODE_LOCAL)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
-    work = placement.Work(here.decode, here.missing)  # a chunk in the decode's batch until the first token
+    work = load.Work(here.decode, here.missing)  # a chunk in the decode's batch until the first token
     try:
-        res = await decode.run(state, ctx, receive, placement.done_at_first_body(work, send), None, headers,
-                               keep.same_handle(state, ctx, h), only=here.decode)
+        res = await decode.run(state, ctx, receive, load.done_at_first_body(work, send), None, headers,
+                               partial(keep.same_handle, state, ctx, h), only=here.decode)
     finally:
         work.done()
     if not res.sent:
@@ -127,11 +128,11 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
     """The prefill hop then the decode hop; the hop to run again when the decode could not use this prefill's KV
     (once), else None: the client has its answer or its error."""
     first = hop.in_ms is None
-    if not await request.admit(state.prefill_gate, send):
+    if not await state.prefill_gate.admit(send):
         return None
     in_ms = (time.perf_counter() - ctx.t0) * 1000 if hop.in_ms is None else hop.in_ms
     check, p = hop.check, hop.p
-    work = placement.Work(p, check.new_tokens)
+    work = load.Work(p, check.new_tokens)
     try:
         pre = await prefill.run(state, ctx, p, check.verdict, check.ids)
     finally:
@@ -146,7 +147,7 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
     if pre.status != 200:
         await send_bytes(send, pre.status, pre.error, headers)
         return None
-    res = await decode.run(state, ctx, receive, send, pre.params, headers, keep.new_handle(state, ctx))
+    res = await decode.run(state, ctx, receive, send, pre.params, headers, partial(keep.new_handle, state, ctx))
     if res.sent:
         return None
     if not res.redo or not first:

@@ -19,31 +19,16 @@ computing (other conversations' cold prefills), then pays the read back and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from starlette.types import Message, Send
-
 from pdctl.router.config import LocalPolicy
-from pdctl.router.upstream.pools import Upstream
+from pdctl.router.upstream.load import Load
 
 # The way through a prefill costs a warm turn ~47-58 ms more than running it on its decode (CUDA graphs, block
 # 256, 2k-24k: docs/results/h200x2-graphs-local), what a step spends on ~300-500 prompt tokens at that context.
 HOP_TOKENS = 512
 # Text prompts the router has not tokenized: about this many characters per token (an estimate, for load only).
 CHARS_PER_TOKEN = 4
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the router has in flight on one instance: requests, and prompt tokens not yet computed there."""
-
-    requests: int
-    tokens: int = 0
-
-
-def load_of(u: Upstream) -> Load:
-    return Load(u.outstanding, u.work)
 
 
 def run_locally(policy: LocalPolicy, missing: int, limit: int, decode: Load, prefill: Load | None,
@@ -77,27 +62,3 @@ def _chars(value: object) -> int:
     if isinstance(value, dict):
         return sum(_chars(v) for k, v in value.items() if k in ("content", "text", "arguments"))
     return 0
-
-
-class Work:
-    """Prompt tokens counted on an instance while it computes them: added now, taken off by `done()` (once)."""
-
-    def __init__(self, u: Upstream, tokens: int) -> None:
-        self.u, self.tokens = u, max(tokens, 0)
-        u.work += self.tokens
-
-    def done(self) -> None:
-        self.u.work -= self.tokens
-        self.tokens = 0
-
-
-def done_at_first_body(work: Work, send: Send) -> Send:
-    """`send`, marking `work` done at the first body bytes to the client: a turn's prompt is computed when its
-    first token leaves (for a local turn on a decode; its later tokens are decode steps)."""
-
-    async def wrapped(message: Message) -> None:
-        if message["type"] == "http.response.body" and (message.get("body") or not message.get("more_body")):
-            work.done()
-        await send(message)
-
-    return wrapped

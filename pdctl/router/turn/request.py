@@ -1,5 +1,4 @@
-"""A turn's first stage: what the router refuses before any engine sees it, whose conversation it is, and the
-admission helpers every path that takes an engine slot shares.
+"""A turn's first stage: what the router refuses before any engine sees it, and whose conversation it is.
 
 The conversation is the body's `conversation_id` or a header's (server/conversation_headers.py), an agent-API
 front's pinned one (a Responses `previous_response_id`), else derived from the history (kv/conversation.py),
@@ -12,13 +11,9 @@ import hashlib
 import os
 from typing import Any
 
-from starlette.types import Send
-
-from pdctl.router.errors import send_error
 from pdctl.router.kv.conversation import Derivation, explicit_id, new_id
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
-from pdctl.router.upstream.admission import RETRY_AFTER_S, Gate, Overloaded
 from pdctl.router.upstream.pools import Pool
 
 _SCOPE_KEY = os.urandom(16)
@@ -80,16 +75,15 @@ def conversation(state: RouterState, ctx: RequestContext) -> tuple[str | None, D
     return d.cid or new_id(), d
 
 
+def resolve(state: RouterState, ctx: RequestContext) -> str | None:
+    """Why the router refuses this request (a 400), else None with the conversation it runs under resolved on the
+    context (`conversation`, `derivation`)."""
+    problem = unsupported(ctx.chat, ctx.body)
+    if problem is None:
+        ctx.conversation, ctx.derivation = conversation(state, ctx)
+    return problem
+
+
 def unavailable(pool: Pool) -> str:
     return f"no healthy {pool.role} instance ({len(pool.healthy())} of {len(pool.members)} healthy)"
 
-
-async def admit(gate: Gate, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
-    """A slot on `gate`'s pool; False when refused (429/503 with Retry-After already sent)."""
-    try:
-        await gate.acquire()
-    except Overloaded as e:
-        retry = [(b"retry-after", str(RETRY_AFTER_S).encode()), *(headers or ())]
-        await send_error(send, e.status, e.message, retry)
-        return False
-    return True

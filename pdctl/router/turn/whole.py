@@ -23,11 +23,11 @@ from starlette.types import Send
 from pdctl.router import jsonx
 from pdctl.router.errors import error_body, relayed_error, send_bytes
 from pdctl.router.kv.affinity import AffinityTable
-from pdctl.router.turn import placement
 from pdctl.router.turn.capture import Capture
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.decode import SSE_HEADERS
 from pdctl.router.turn.state import RouterState
+from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Pool, Upstream
 from pdctl.router.upstream.sse import SseEvents
 
@@ -102,7 +102,7 @@ class _InFlight:
     runs once the engine has answered and before the client has the end: its next request sees the load as it is."""
 
     def __init__(self, u: Upstream, tokens: int) -> None:
-        self.u, self.work = u, placement.Work(u, tokens)
+        self.u, self.work = u, load.Work(u, tokens)
         u.outstanding += 1
         self.counted = True
 
@@ -120,7 +120,7 @@ async def attempt(state: RouterState, ctx: RequestContext, via: Via, u: Upstream
     busy = _InFlight(u, tokens)
     try:
         if ctx.body.get("stream"):
-            return await _stream(state, ctx, via, busy, placement.done_at_first_body(busy.work, send), payload)
+            return await _stream(state, ctx, via, busy, load.done_at_first_body(busy.work, send), payload)
         return await _whole(state, ctx, via, busy, send, payload)
     finally:
         busy.done()

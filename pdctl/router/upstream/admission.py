@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from starlette.types import Send
+
+from pdctl.router.errors import send_error
 from pdctl.router.upstream.pools import Pool
 
 RETRY_AFTER_S = 1
@@ -64,6 +67,16 @@ class Gate:
             timer.cancel()
             if fut in self._waiters:
                 self._waiters.remove(fut)
+
+    async def admit(self, send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> bool:
+        """A slot, or False when refused: the 429/503 with Retry-After (and `headers`) is then sent on `send`."""
+        try:
+            await self.acquire()
+        except Overloaded as e:
+            retry = [(b"retry-after", str(RETRY_AFTER_S).encode()), *(headers or ())]
+            await send_error(send, e.status, e.message, retry)
+            return False
+        return True
 
     def release(self) -> None:
         self.inflight -= 1
