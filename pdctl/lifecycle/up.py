@@ -195,14 +195,15 @@ def decide(
     rolling: bool = False,
 ) -> Decision:
     """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it).
-    `rolling` (`--restart --rolling`): every running process is replaced, one at a time."""
+    `rolling` (`--restart --rolling`): every running engine is replaced, one at a time (the one router only
+    where its settings changed: with no second router behind a load balancer its restart ends its requests)."""
     decision = Decision([], [], [])
     members = live_membership(specs)
     for spec in specs:
         record = state.processes.get(spec.name)
         if not live[spec.node].get(spec.name, []):
             decision.start.append(spec)
-        elif record is not None and members and rolling:
+        elif record is not None and members and rolling and spec.role != "router":
             decision.replace.append(spec)
         elif record is not None and record.argv_hash == argv_hash(spec):
             decision.kept.append(spec.name)

@@ -116,3 +116,41 @@ def test_scale_out_and_back_under_load(tmp_path: Path, pdctl_home: Path, console
 
         down(topo2, console)
         down(topo1, console)
+
+
+def test_rolling_restart_of_every_engine_under_load(tmp_path: Path, pdctl_home: Path, console: Console) -> None:
+    name = "h30-rolling"
+    ports = {k: free_port() for k in ("p0", "p0s", "d0", "d0s", "p1", "p1s", "d1", "d1s", "r")}
+    path = tmp_path / "topo.yaml"
+    path.write_text(_yaml(name, tmp_path / "work", ports, 2))
+    topo = load(path)
+    try:
+        dep = up(topo, console, UpOptions(smoke=False))
+        before = _pids(name)
+        key = read_key(LocalTransport(), topo, "local")
+        assert key
+        plan_out = _processes(dry_run(path, "--restart", "--rolling").stdout)
+        assert plan_out == [
+            *(f"  {n}: would restart (--restart --rolling: drained first, then restarted alone, the others serving)"
+              for n in ("decode-0", "decode-1", "prefill-0", "prefill-1")),
+            "  router: running, left as it is",
+        ]
+        with Load(dep.router_url, streams=4) as load_:
+            load_.wait_requests(20)
+            out = up(topo, console, UpOptions(restart=True, rolling=True, smoke=False))
+            load_.wait_requests(20)
+            tally = load_.stop()
+        after = _pids(name)
+        assert sorted(out.changed) == [f"{n} replaced" for n in ("decode-0", "decode-1", "prefill-0", "prefill-1")]
+        assert after["router"] == before["router"]
+        assert all(after[n] != before[n] for n in before if n != "router")
+        assert tally.failed == [], tally.failed  # every engine drained before it stopped: nothing was cut
+        assert tally.ok >= 40
+        urls = [f"http://127.0.0.1:{ports[k]}" for k in ("p0", "d0", "p1", "d1")]
+        assert corrupt_reuses(urls, key) == 0
+        stats = _stats(dep.router_url)
+        assert not any(u.draining for u in (*stats.prefill, *stats.decode)) and len(stats.decode) == 2
+    finally:
+        from pdctl.lifecycle import down
+
+        down(topo, console)
