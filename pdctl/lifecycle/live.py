@@ -86,7 +86,15 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         membership.wait_applied(host, router.url, m, leaving)
 
     gone = [state.processes[n] for n in changes.removed]
-    if router.name not in changes.started:
+    if any(s.role == "router" for s in changes.replace):
+        # first, so that what follows talks to a router that reads its members file (an older one might not: a
+        # SIGHUP would end it); it reads the file written before it at start
+        console.print("restarting the router (its settings changed): its in-flight requests end", highlight=False)
+        _stop(topo, hosts, record, console)
+        store.record(state, launch.start(host, router, topo.name))
+        wait_healthy([router], hosts, topo.name, console, timeout=timeout, check=check)
+        done.append(f"{router.name} restarted")
+    elif router.name not in changes.started:
         publish([*engines, *gone], changes.removed)
     for rec in gone:
         console.print(f"draining {rec.name} ({rec.url}): no new turns, in-flight ones finish", highlight=False)
@@ -109,13 +117,6 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         wait_healthy([spec], hosts, topo.name, console, timeout=timeout, check=check)
         publish(engines, leaving={old.url} - {spec.url})
         done.append(f"{spec.name} replaced")
-    if any(s.role == "router" for s in changes.replace):
-        console.print("restarting the router (its settings changed): its in-flight requests end", highlight=False)
-        _stop(topo, hosts, record, console)
-        new = launch.start(host, router, topo.name)
-        store.record(state, new)
-        wait_healthy([router], hosts, topo.name, console, timeout=timeout, check=check)
-        done.append(f"{router.name} restarted")
     return done
 
 

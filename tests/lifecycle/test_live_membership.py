@@ -154,3 +154,24 @@ def test_rolling_restart_of_every_engine_under_load(tmp_path: Path, pdctl_home: 
         from pdctl.lifecycle import down
 
         down(topo, console)
+
+
+def test_a_changed_router_setting_restarts_the_router_alone(tmp_path: Path, pdctl_home: Path,
+                                                            console: Console) -> None:
+    ports = {k: free_port() for k in ("p0", "p0s", "d0", "d0s", "r")}
+    path = tmp_path / "topo.yaml"
+    path.write_text(_yaml("h30-setting", tmp_path / "work", ports, 1))
+    topo = load(path)
+    try:
+        up(topo, console, UpOptions(smoke=False))
+        before = _pids(topo.name)
+        out = up(load(path, ["router.handle_ttl=400"]), console)
+        after = _pids(topo.name)
+        assert out.changed == ["router restarted"] and out.started == []
+        assert after["router"] != before["router"]
+        assert {n: after[n] for n in ("decode-0", "prefill-0")} == {n: before[n] for n in ("decode-0", "prefill-0")}
+        assert out.smoke is not None and out.smoke.turn2.outcome == "hit"
+    finally:
+        from pdctl.lifecycle import down
+
+        down(topo, console)
