@@ -66,6 +66,29 @@ def engine_key_path(topo: Topology, node: str) -> str:
     return f"{run_dir(topo, node)}/engine.key"
 
 
+def members_path(topo: Topology) -> str:
+    """The router's members file on its node (pdctl.router.upstream.members): `up` rewrites it and sends SIGHUP
+    when prefill or decode instances come or go, so a membership change restarts no router."""
+    return f"{run_dir(topo, topo.router.node)}/router-members.json"
+
+
+MEMBER_FLAGS = ("--prefill", "--decode")
+
+
+def without_members(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """A router's argv less its --prefill/--decode URLs: what a membership change leaves alone."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in MEMBER_FLAGS:
+            skip = True
+        else:
+            out.append(a)
+    return tuple(out)
+
+
 def engine_bind(topo: Topology, node: str) -> str:
     n = topo.node(node)
     return n.bind or n.address
@@ -277,6 +300,7 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
+    argv += ["--members-file", members_path(topo)]
     return _router_spec(topo, argv + _client_side(topo))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.errors import StateError
-from pdctl.plan import ProcessSpec
+from pdctl.plan import ProcessSpec, without_members
 from pdctl.secret import reveal
 
 VERSION = 1
@@ -33,9 +33,11 @@ def state_path(name: str) -> Path:
 
 
 def argv_hash(spec: ProcessSpec) -> str:
-    """Identity of what a process runs: argv and environment; a change means it must be restarted."""
+    """Identity of what a process runs: argv and environment; a change means it must be restarted. A router's
+    members are left out: they change through its members file, without a restart (pdctl.lifecycle.membership)."""
     env = sorted((k, reveal(v)) for k, v in spec.env.items())  # a new token restarts; only a hash is kept
-    data = json.dumps([list(spec.argv), env], separators=(",", ":"))
+    argv = without_members(spec.argv) if spec.role == "router" and "--members-file" in spec.argv else spec.argv
+    data = json.dumps([list(argv), env], separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 

@@ -18,6 +18,9 @@ def up(
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
     restart: Annotated[bool, typer.Option("--restart", help="Stop the running deployment and start it again.")] = False,
+    rolling: Annotated[bool, typer.Option(
+        "--rolling", help="With --restart: one process at a time, each drained first (no new turns, its streams "
+        "finish), the others serving.")] = False,
     skip_provision: Annotated[bool, typer.Option("--skip-provision", help="Do not provision the hosts.")] = False,
     allow_reboot: Annotated[bool, typer.Option("--allow-reboot", help="Provisioning may reboot hosts.")] = False,
     timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds to wait for health.")] = None,
@@ -36,7 +39,7 @@ def up(
     topo = load_topology(topology, overrides)
     opts = UpOptions(
         ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
-        provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
+        rolling=rolling, provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
     )
     if dry_run:
         from pdctl.lifecycle.dry_run import dry_run as do_dry_run
@@ -48,8 +51,10 @@ def up(
             raise typer.Exit(1)
         return
     dep = do_up(topo, err, opts)
-    if dep.started:
-        out.print(f"[green]up[/] {dep.name}: started {', '.join(dep.started)}", highlight=False)
+    if dep.started or dep.changed:
+        done = [f"started {', '.join(dep.started)}"] if dep.started else []
+        done += [f"live: {', '.join(dep.changed)}"] if dep.changed else []
+        out.print(f"[green]up[/] {dep.name}: {'; '.join(done)}", highlight=False)
     else:
         out.print(f"[green]up[/] {dep.name}: already running, no changes", highlight=False)
     out.print(f"router: {dep.router_url}", highlight=False)

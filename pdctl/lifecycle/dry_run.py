@@ -21,7 +21,7 @@ from pdctl.lifecycle.connect import reachable
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.provision import HostPreview, preview
 from pdctl.lifecycle.smoke import router_api_key
-from pdctl.lifecycle.up import UpOptions, decide
+from pdctl.lifecycle.up import UpOptions, decide, live_membership
 from pdctl.plan import ProcessSpec, engine_key_path, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
@@ -30,9 +30,10 @@ from pdctl.remote.shell import expand_home
 from pdctl.state import DeploymentState, StateStore
 from pdctl.topology import Topology
 
-Action = Literal["start", "restart", "stop", "keep"]
+Action = Literal["start", "restart", "stop", "keep", "reload"]
 VERBS: dict[Action, str] = {
     "start": "would start", "restart": "would restart", "stop": "would stop", "keep": "running, left as it is",
+    "reload": "running, would reload its members",
 }
 FIRST_CHANGE_NOTE = "provisioning shows each operation's first change; more steps may follow it"
 
@@ -114,7 +115,7 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
         nodes = sorted({s.node for s in specs if s.node in hosts})
         live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
         known = [s for s in specs if s.node in hosts]
-        to_start = _processes(known, state, live, opts.restart, by_node)
+        to_start = _processes(known, state, live, opts.restart, by_node, opts.rolling)
         if not to_start:
             report.notes.append("provisioning: not needed, nothing would start")
             return report
@@ -141,9 +142,10 @@ def _processes(
     live: Mapping[str, dict[str, list[HostProcess]]],
     restart: bool,
     hosts: Mapping[str, HostDryRun],
+    rolling: bool = False,
 ) -> list[ProcessSpec]:
     """Record each process's fate on its host; returns what `up` would start (with --restart: all of them)."""
-    if restart:
+    if restart and not (rolling and live_membership(specs)):
         for spec in specs:
             running = bool(live[spec.node].get(spec.name))
             change = ProcessChange(spec.name, "restart", "--restart") if running else ProcessChange(spec.name, "start")
@@ -152,14 +154,29 @@ def _processes(
         for node, procs in live.items():
             hosts[node].processes += [ProcessChange(n, "stop", "not in the topology") for n in procs if n not in names]
         return list(specs)
-    decision = decide(specs, state, live)
+    decision = decide(specs, state, live, restart and rolling)
+    replaced = {s.name for s in decision.replace}
+    joining = [s.name for s in decision.start if s.role != "router"]
     for spec in specs:
         if spec.name in decision.changed:
             why = "its argv changed" if spec.name in state.processes else "not recorded in the state file"
             change = ProcessChange(spec.name, "restart", f"{why}: `pdctl up --restart` restarts the deployment")
+        elif spec.name in replaced:
+            why = "--restart --rolling" if restart else "its argv changed"
+            how = ("its in-flight requests end" if spec.role == "router" else
+                   "drained first, then restarted alone, the others serving")
+            change = ProcessChange(spec.name, "restart", f"{why}: {how}")
+        elif spec.role == "router" and spec.name in decision.kept and (joining or decision.removed):
+            diff = [f"+{n}" for n in joining] + [f"-{n}" for n in decision.removed]
+            change = ProcessChange(spec.name, "reload", f"{' '.join(diff)}; SIGHUP, no restart")
         else:
             change = ProcessChange(spec.name, "keep" if spec.name in decision.kept else "start")
         hosts[spec.node].processes.append(change)
+    for name in decision.removed:
+        record = state.processes[name]
+        hosts[record.node].processes.append(ProcessChange(
+            name, "stop", "not in the topology: drained first (no new turns, in-flight ones finish, its handles "
+            "released)"))
     return decision.start
 
 

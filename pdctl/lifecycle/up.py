@@ -11,6 +11,7 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
 from pdctl.lifecycle import gpu_memory, launch, nixl_check
+from pdctl.lifecycle import live as live_changes
 from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.engine_key import ensure_key
 from pdctl.lifecycle.lock import deployment_lock
@@ -38,12 +39,14 @@ class Deployment:
     started: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     smoke: SmokeResult | None = None
+    changed: list[str] = field(default_factory=list)  # live changes: "decode-1 removed", "prefill-0 replaced"
 
 
 @dataclass(frozen=True)
 class UpOptions:
     ssh: SshOptions | None = None
     restart: bool = False
+    rolling: bool = False  # with restart: one process at a time, each drained first (live membership)
     provision: bool = True
     allow_reboot: bool = False
     timeout: float | None = None
@@ -72,13 +75,14 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             state: DeploymentState) -> Deployment:
     specs = plan(topo)
     with connected(topo.nodes, opts.ssh) as hosts:
-        if opts.restart:
+        if opts.restart and not opts.rolling:
             console.print(f"restart: stopping {topo.name}")
             # every process of the deployment, also those of another mode (aggregated <-> disaggregated legs)
             stop_all(topo, specs, hosts, state, console, stragglers=True)
             state = DeploymentState(name=topo.name, topology=topo.name, slurm=state.slurm)
         live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
-        to_start, kept = _decide(topo.name, specs, state, live)
+        decision = _decide(topo.name, specs, state, live, opts.restart and opts.rolling)
+        to_start, kept = decision.start, decision.kept
         if to_start and not kept and topo.engine == "vllm":
             state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to
         store.save(state)
@@ -92,6 +96,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
                           allow_reboot=opts.allow_reboot)
         timeout = opts.timeout or (1800.0 if topo.engine == "vllm" else 120.0)
         started: list[str] = []
+        changed: list[str] = []
         try:
             engines = [s for s in specs if s.role != "router"]
             for role in ("decode", "prefill"):
@@ -103,8 +108,11 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             wait_healthy(engines, hosts, topo.name, console, timeout=timeout, check=opts.check)
             nixl_check.check_launched(topo, engines, hosts)  # EFA topologies: fail when KV moves over TCP
             router = [s for s in specs if s.role == "router"]
+            live_changes.write_members(topo, specs, hosts, state, decision.removed)  # before a router starts or reloads
             started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
             wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)
+            changed = live_changes.converge(topo, specs, hosts, store, state, console, live_changes.Changes(
+                decision.replace, decision.removed, [s.name for s in to_start]), timeout, opts.check)
         except KeyboardInterrupt:
             console.print(f"interrupted: what started is recorded; `pdctl down -t <topology>` stops {topo.name}")
             raise
@@ -132,7 +140,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             rate = nixl_check.check_shared_gpu_rate(topo, engines, hosts)  # one GPU shared: not the TCP fallback
             if rate is not None:
                 console.print(f"KV transfer between instances sharing a GPU: {rate:.1f} GB/s")
-    return Deployment(topo.name, router_url, dict(state.processes), specs, started, kept, result)
+    return Deployment(topo.name, router_url, dict(state.processes), specs, started, kept, result, changed)
 
 
 STOPPED_HINT = (
@@ -162,28 +170,53 @@ def _stop_started(
 @dataclass(frozen=True)
 class Decision:
     """Per process of the plan, what `up` does: start it (not running), keep it (running, same argv), or
-    `changed`: running with another argv, or not recorded in the state file (`up` refuses; `--restart`)."""
+    `changed`: running with another argv, or not recorded in the state file (`up` refuses; `--restart`).
+
+    Where the router takes live membership (its members file): a running engine with another argv is `replace`d
+    in place (drained, stopped, started), a router with other settings too (restarted), and an engine running but
+    no longer in the topology is `removed` (drained, then stopped); a router's new members restart nothing."""
 
     start: list[ProcessSpec]
     kept: list[str]
     changed: list[str]
+    replace: list[ProcessSpec] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+def live_membership(specs: Sequence[ProcessSpec]) -> bool:
+    """Whether the deployment's router reads a members file (so engines can come and go under it)."""
+    return any(s.role == "router" and "--members-file" in s.argv for s in specs)
 
 
 def decide(
     specs: Sequence[ProcessSpec],
     state: DeploymentState,
     live: Mapping[str, dict[str, list[HostProcess]]],
+    rolling: bool = False,
 ) -> Decision:
-    """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it)."""
+    """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it).
+    `rolling` (`--restart --rolling`): every running engine is replaced, one at a time (the one router only
+    where its settings changed: with no second router behind a load balancer its restart ends its requests)."""
     decision = Decision([], [], [])
+    members = live_membership(specs)
     for spec in specs:
         record = state.processes.get(spec.name)
         if not live[spec.node].get(spec.name, []):
             decision.start.append(spec)
+        elif record is not None and members and rolling and spec.role != "router":
+            decision.replace.append(spec)
         elif record is not None and record.argv_hash == argv_hash(spec):
             decision.kept.append(spec.name)
+        elif record is not None and members:
+            decision.replace.append(spec)
         else:
             decision.changed.append(spec.name)
+    if members:
+        planned = {s.name for s in specs}
+        decision.removed.extend(sorted(
+            name for name, r in state.processes.items()
+            if name not in planned and r.role in ("prefill", "decode") and live.get(r.node, {}).get(name)
+        ))
     return decision
 
 
@@ -192,9 +225,11 @@ def _decide(
     specs: Sequence[ProcessSpec],
     state: DeploymentState,
     live: Mapping[str, dict[str, list[HostProcess]]],
-) -> tuple[list[ProcessSpec], list[str]]:
-    """Which specs must start; alive ones with the same argv are kept; alive with another argv is an error."""
-    decision = decide(specs, state, live)
+    rolling: bool = False,
+) -> Decision:
+    """Which specs must start; alive ones with the same argv are kept; alive with another argv is an error
+    (unless the router's live membership lets them be replaced in place)."""
+    decision = decide(specs, state, live, rolling)
     if decision.changed:
         raise LaunchError(
             f"{deployment}: {', '.join(decision.changed)} already running with other settings (or not recorded in "
@@ -203,7 +238,7 @@ def _decide(
         )
     for spec in decision.start:
         state.processes.pop(spec.name, None)
-    return decision.start, decision.kept
+    return decision
 
 
 def _start(

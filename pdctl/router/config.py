@@ -53,6 +53,12 @@ class RouterConfig:
         "to one, a conversation's later turns to the engine that served its last one, a new one to the least "
         "loaded.",
     )
+    members_file: str | None = knob(
+        None,
+        "JSON file of the members ({\"prefill\": [URL...], \"decode\": [URL...], \"draining\": [URL...]}); read at "
+        "start where it exists (instead of --prefill and --decode) and again on SIGHUP: new members join, draining "
+        "ones take no new turns (their handles are released), members left out go once idle. `pdctl up` writes it.",
+    )
     model: str = knob("default", "Served model name (used for /tokenize).")
     block_size: int = knob(VLLM_BLOCK_SIZE, "KV block size in tokens (partial reuse is whole blocks).")
     handle_ttl: float = knob(HANDLE_TTL_S, "Seconds the router trusts a decode handle.")

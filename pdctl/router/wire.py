@@ -42,7 +42,7 @@ HANDLE_IN_USE = "handle_in_use"  # another turn of the conversation holds the ha
 DECODE_RESTARTED = "decode_restarted"  # the decode that holds the blocks may have died since
 EXPIRED = "expired"  # the handle outlived the router's trust in it
 EVICTED = "evicted"  # the handle table was full
-RELEASED = "released"  # the router freed the handle's blocks: its decode was over router.pin_budget_tokens
+RELEASED = "released"  # the router freed the handle's blocks: its decode was over router.pin_budget_tokens or left
 PREVIOUS_TURN_FAILED = "previous_turn_failed"  # the turn that took the handle did not leave a new one
 NO_HANDLE_RETURNED = "no_handle_returned"  # the decode's answer carried no kv_transfer_params
 TOKENIZE_FAILED = "tokenize_failed"  # the router could not tokenize the prompt to verify it
@@ -135,6 +135,8 @@ class UpstreamStats:
     failures: int
     generation: int
     work: int = 0  # prompt tokens of its in-flight requests not yet computed (router.placement's estimate)
+    draining: bool = False  # leaving: no new turns (the router's members file, pdctl.router.upstream.members)
+    held: int = 0  # decodes: live handles on it plus releases to it still in flight (a drain waits for 0)
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ class RouterStats:
 
 def _upstream_json(u: UpstreamStats) -> dict[str, object]:
     return {"url": u.url, "healthy": u.healthy, "outstanding": u.outstanding, "work": u.work,
-            "failures": u.failures, "generation": u.generation}
+            "failures": u.failures, "generation": u.generation, "draining": u.draining, "held": u.held}
 
 
 def _bad(what: str, want: str, got: object) -> ValueError:
@@ -303,6 +305,39 @@ def _upstreams(d: Mapping[str, object], key: str) -> tuple[UpstreamStats, ...]:
             raise _bad(f"`{key}[{i}].url`", "a string", url)
         if not isinstance(healthy, bool):
             raise _bad(f"`{key}[{i}].healthy`", "true or false", healthy)
+        draining = u.get("draining", False)
+        if not isinstance(draining, bool):
+            raise _bad(f"`{key}[{i}].draining`", "true or false", draining)
         out.append(UpstreamStats(url, healthy, _int(u, "outstanding"), _int(u, "failures"), _int(u, "generation"),
-                                 _int(u, "work")))
+                                 _int(u, "work"), draining, _int(u, "held")))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Members:
+    """The router's members file (`--members-file`, re-read on SIGHUP; pdctl.router.server.membership):
+
+        {"prefill": [URL...], "decode": [URL...], "draining": [URL...]}
+
+    `draining` members serve what they already have and take no new turn; members left out are removed once idle.
+    """
+
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    draining: frozenset[str] = frozenset()
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"prefill": list(self.prefill), "decode": list(self.decode), "draining": sorted(self.draining)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Members:
+        """Raises ValueError naming the part that is wrong."""
+        d = _object(doc, "the members file")
+        lists: dict[str, tuple[str, ...]] = {}
+        for key in ("prefill", "decode", "draining"):
+            v = d.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                  for u in v):
+                raise ValueError(f"`{key}` must be a list of http(s) URLs, got {v!r:.80}")
+            lists[key] = tuple(u.rstrip("/") for u in v)
+        return cls(lists["prefill"], lists["decode"], frozenset(lists["draining"]))

@@ -82,7 +82,7 @@ def test_after_a_changed_setting_only_that_process_would_restart(
         "local: 1 change",
         "  decode-0: running, left as it is",
         "  prefill-0: running, left as it is",
-        "  router: would restart (its argv changed: `pdctl up --restart` restarts the deployment)",
+        "  router: would restart (its argv changed: its in-flight requests end)",
         "provisioning: not needed, nothing would start",
         "dry run: 1 change, nothing changed",
     ]

@@ -237,6 +237,15 @@ class HandleTable:
         self._unread(h, reason)
         return True
 
+    def drop_decode(self, url: str, reason: str, tomb: str) -> int:
+        """Give up every live handle on the decode at `url` (it leaves the deployment): `drop` for each."""
+        gone = [cid for cid, h in self._live.items() if h.decode_url == url]
+        return sum(self.drop(cid, reason, tomb) for cid in gone)
+
+    def on(self, url: str) -> int:
+        """Live handles whose KV sits on the decode at `url`."""
+        return sum(1 for h in self._live.values() if h.decode_url == url)
+
     def release(self, cid: str) -> None:
         """The turn that took the handle is over (whatever happened to it)."""
         n = self._leased.get(cid, 0) - 1

@@ -102,6 +102,7 @@ class Releaser:
         self.enabled = enabled
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.pending: Tally[str] = Tally()  # decode URL -> its releases not yet done (a drain waits for 0)
 
     def submit(self, h: Handle, reason: str) -> None:
         if not self.enabled or self.client is None:
@@ -117,7 +118,14 @@ class Releaser:
             return
         task = loop.create_task(self._send(h, reason))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.pending[h.decode_url] += 1
+        task.add_done_callback(lambda t: self._done(t, h.decode_url))
+
+    def _done(self, task: asyncio.Task[None], url: str) -> None:
+        self._tasks.discard(task)
+        self.pending[url] -= 1
+        if self.pending[url] <= 0:
+            del self.pending[url]
 
     async def _send(self, h: Handle, reason: str) -> None:
         async with self._slots:

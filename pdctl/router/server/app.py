@@ -22,11 +22,11 @@ from pdctl.router.errors import send_error
 from pdctl.router.server import timers
 from pdctl.router.server.anthropic_errors import AnthropicErrors
 from pdctl.router.server.conversation_headers import ConversationHeaders
+from pdctl.router.server.membership import Membership
 from pdctl.router.server.middleware import ApiKey, Http10, JsonBody, RequestId
 from pdctl.router.server.routes import ROUTES, Route
 from pdctl.router.turn.context import SCOPE_KEY, RequestContext
 from pdctl.router.turn.state import RouterState
-from pdctl.router.upstream import tripwire
 from pdctl.router.upstream.transport import FastTransport
 from pdctl.secret import bearer
 
@@ -38,6 +38,7 @@ class Dispatcher:
         self.state = state
         self.transport = transport
         self._tasks: list[asyncio.Task[None]] = []
+        self.membership = Membership(state)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -81,14 +82,15 @@ class Dispatcher:
         if cfg.mode == "disaggregated" and cfg.overflow_kv:
             self._tasks.append(asyncio.create_task(self.state.kv_use.loop(
                 (self.state.prefill, self.state.decode), self.state.client, cfg.health_timeout)))
-        self._tasks += [asyncio.create_task(tripwire.watch(self.state.decode, u, min(cfg.health_interval, 0.5)))
-                        for u in self.state.decode.members]
+        self.membership.start()  # the members file, the decodes' tripwires, SIGHUP
         if cfg.mode == "aggregated":
             log.info("Ready: aggregated, %d engines", len(cfg.decode))
         else:
-            log.info("Ready: %d prefill, %d decode instances", len(cfg.prefill), len(cfg.decode))
+            log.info("Ready: %d prefill, %d decode instances", len(self.state.prefill.members),
+                     len(self.state.decode.members))
 
     async def shutdown(self) -> None:
+        self._tasks += self.membership.tasks()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

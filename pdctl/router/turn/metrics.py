@@ -78,7 +78,8 @@ class RouterMetrics:
         self.upstream_errors.labels(role, kind).inc()
 
     def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
-              budgets: dict[str, int] | None = None, kv_use: dict[str, float] | None = None) -> dict[str, object]:
+              budgets: dict[str, int] | None = None, kv_use: dict[str, float] | None = None,
+              held: dict[str, int] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         return RouterStats(
@@ -97,7 +98,7 @@ class RouterMetrics:
             releases_failed=self.releases.failed,
             kv_use=kv_use or {},
             prefill=_upstreams(prefill),
-            decode=_upstreams(decode),
+            decode=_upstreams(decode, held or {}),
             uptime_s=round(time.monotonic() - self.started, 3),
             version=__version__,
         ).to_json()
@@ -113,5 +114,6 @@ class RouterMetrics:
         return generate_latest(self.registry)
 
 
-def _upstreams(pool: Pool) -> tuple[UpstreamStats, ...]:
-    return tuple(UpstreamStats(u.url, u.healthy, u.outstanding, u.failures, u.generation, u.work) for u in pool.members)
+def _upstreams(pool: Pool, held: dict[str, int] | None = None) -> tuple[UpstreamStats, ...]:
+    return tuple(UpstreamStats(u.url, u.healthy, u.outstanding, u.failures, u.generation, u.work, u.draining,
+                               (held or {}).get(u.url, 0)) for u in pool.members)

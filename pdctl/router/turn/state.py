@@ -82,9 +82,13 @@ class RouterState:
     def stale(self, h: Handle) -> bool:
         """Whether the decode that issued `h` may have died since (ejected, restarted, gone from the config)."""
         u = self.decode.by_url(h.decode_url)
-        return u is None or not u.healthy or u.generation != h.generation
+        return u is None or not u.healthy or u.draining or u.generation != h.generation
+
+    def held(self) -> dict[str, int]:
+        """Per decode URL: its live handles plus the releases to it still in flight."""
+        return {u.url: self.handles.on(u.url) + self.releaser.pending[u.url] for u in self.decode.members}
 
     def stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                   self.capacities.budgets(self.decode) if self.config.release else {},
-                                  self.kv_use.snapshot((self.prefill, self.decode)))
+                                  self.kv_use.snapshot((self.prefill, self.decode)), self.held())

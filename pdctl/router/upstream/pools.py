@@ -32,6 +32,7 @@ class Upstream:
     failures: int = 0
     generation: int = 0
     engine_id: str | None = None
+    draining: bool = False  # leaving the deployment: no new turns, its in-flight ones finish (members.py)
 
 
 class Pool:
@@ -39,9 +40,22 @@ class Pool:
         self.role = role
         self.members = [Upstream(u.rstrip("/"), role) for u in urls]
         self.eject_after = eject_after
+        self.version = 0  # changes with the members (a policy built on them rebuilds)
 
     def healthy(self) -> list[Upstream]:
-        return [u for u in self.members if u.healthy]
+        """The members a new turn may go to: healthy and not draining."""
+        return [u for u in self.members if u.healthy and not u.draining]
+
+    def add(self, url: str) -> Upstream:
+        u = Upstream(url.rstrip("/"), self.role)
+        self.members.append(u)
+        self.version += 1
+        return u
+
+    def remove(self, u: Upstream) -> None:
+        self.members.remove(u)
+        self.lost(u)  # a later member at the same URL is another process
+        self.version += 1
 
     def by_url(self, url: str) -> Upstream | None:
         return next((u for u in self.members if u.url == url), None)
@@ -101,11 +115,19 @@ class AffinityRing:
 
     def __init__(self, pool: Pool, factor: float = 1.25, replicas: int = 64) -> None:
         self.factor = factor
-        points = sorted((_h(f"{u.url}#{i}"), n) for n, u in enumerate(pool.members) for i in range(replicas))
+        self.replicas = replicas
+        self._build(pool)
+
+    def _build(self, pool: Pool) -> None:
+        # by URL, so a member added or removed moves only the conversations its points own
+        points = sorted((_h(f"{u.url}#{i}"), n) for n, u in enumerate(pool.members) for i in range(self.replicas))
         self._hashes = [p for p, _ in points]
         self._owners = [n for _, n in points]
+        self._version = pool.version
 
     def pick(self, pool: Pool, key: str, exclude: Collection[Upstream] = ()) -> Upstream | None:
+        if self._version != pool.version:
+            self._build(pool)
         candidates = [u for u in pool.healthy() if u not in exclude]
         if not candidates:
             return None

@@ -1,0 +1,125 @@
+"""`up`'s live changes under a running router: engines leave (drained, then stopped) and are replaced in place
+(drained, stopped, started, back in) one at a time, and the router learns each change from its members file and
+a SIGHUP (pdctl.lifecycle.membership); nothing that did not change is restarted.
+
+A drain: the router takes no new turn to the engine, its in-flight streams finish, and (a decode) the router
+releases the handles it holds there; only then is the engine stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rich.console import Console
+
+from pdctl.lifecycle import launch, membership
+from pdctl.lifecycle.wait import HealthCheck, wait_healthy
+from pdctl.plan import ProcessSpec, members_path
+from pdctl.remote.base import Transport
+from pdctl.state import DeploymentState, ProcessRecord, StateStore
+from pdctl.topology import Topology
+
+
+class Member(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Changes:
+    replace: list[ProcessSpec] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+
+
+def _router(specs: Sequence[ProcessSpec]) -> ProcessSpec | None:
+    return next((s for s in specs if s.role == "router" and "--members-file" in s.argv), None)
+
+
+def _engines(specs: Sequence[Member]) -> list[Member]:
+    return [s for s in specs if s.role in ("prefill", "decode")]
+
+
+def _file(members: Sequence[Member], draining: Collection[str]) -> membership.Members:
+    urls = {m.name: m.url for m in members}
+    return membership.Members(
+        prefill=tuple(m.url for m in members if m.role == "prefill"),
+        decode=tuple(m.url for m in members if m.role == "decode"),
+        draining=frozenset(urls[n] for n in draining if n in urls),
+    )
+
+
+def write_members(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport],
+                  state: DeploymentState, removed: Sequence[str]) -> None:
+    """The members file as `up` starts (or reloads) the router: the planned engines, the removed ones draining."""
+    router = _router(specs)
+    if router is None:
+        return
+    leaving: list[Member] = [state.processes[n] for n in removed]
+    m = _file([*_engines(specs), *leaving], removed)
+    membership.write(hosts[router.node], members_path(topo), m)
+
+
+def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport], store: StateStore,
+             state: DeploymentState, console: Console, changes: Changes, timeout: float,
+             check: HealthCheck) -> list[str]:
+    """After the router is up: reload it, drain and stop the removed engines, replace the changed ones; returns
+    what changed ("decode-1 removed")."""
+    router = _router(specs)
+    if router is None:
+        return []
+    done: list[str] = []
+    host = hosts[router.node]
+    engines = _engines(specs)
+    record = state.processes[router.name]
+
+    def publish(members: Sequence[Member], draining: Collection[str] = (), leaving: Collection[str] = ()) -> None:
+        m = _file(members, draining)
+        membership.write(host, members_path(topo), m)
+        membership.reload(host, state.processes[router.name])
+        membership.wait_applied(host, router.url, m, leaving)
+
+    gone = [state.processes[n] for n in changes.removed]
+    if any(s.role == "router" for s in changes.replace):
+        # first, so that what follows talks to a router that reads its members file (an older one might not: a
+        # SIGHUP would end it); it reads the file written before it at start
+        console.print("restarting the router (its settings changed): its in-flight requests end", highlight=False)
+        _stop(topo, hosts, record, console)
+        store.record(state, launch.start(host, router, topo.name))
+        wait_healthy([router], hosts, topo.name, console, timeout=timeout, check=check)
+        done.append(f"{router.name} restarted")
+    elif router.name not in changes.started:
+        publish([*engines, *gone], changes.removed)
+    for rec in gone:
+        console.print(f"draining {rec.name} ({rec.url}): no new turns, in-flight ones finish", highlight=False)
+        membership.wait_drained(host, router.url, rec.url, timeout)
+        _stop(topo, hosts, rec, console)
+        store.forget(state, rec.name)
+        done.append(f"{rec.name} removed")
+    if gone:
+        publish(engines, leaving={g.url for g in gone})
+    for spec in [s for s in changes.replace if s.role != "router"]:
+        old = state.processes[spec.name]
+        current: list[Member] = [old if e.name == spec.name else e for e in engines]
+        console.print(f"replacing {spec.name}: draining it first", highlight=False)
+        publish(current, [spec.name])
+        membership.wait_drained(host, router.url, old.url, timeout)
+        _stop(topo, hosts, old, console)
+        new = launch.start(hosts[spec.node], spec, topo.name)
+        store.record(state, new)
+        console.print(f"started {spec.name} on {spec.node} (pid {new.pid}), log {spec.log_path}", highlight=False)
+        wait_healthy([spec], hosts, topo.name, console, timeout=timeout, check=check)
+        publish(engines, leaving={old.url} - {spec.url})
+        done.append(f"{spec.name} replaced")
+    return done
+
+
+def _stop(topo: Topology, hosts: Mapping[str, Transport], rec: ProcessRecord, console: Console) -> None:
+    pids = launch.stop(hosts[rec.node], topo.name, rec.node, [rec.name], units=[rec.unit] if rec.unit else [])
+    console.print(f"stopped {rec.name} on {rec.node} ({len(pids)} processes)", highlight=False)
