@@ -26,7 +26,7 @@ from pdctl.markers import MARKER
 from pdctl.secret import EnvValue, mark, shown
 from pdctl.topology import SHARED_GPU_UCX_ENV, Instance, Role, Topology
 
-ProcessRole = Literal["prefill", "decode", "router"]
+ProcessRole = Literal["prefill", "decode", "router", "lb"]
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,20 @@ def engine_key_path(topo: Topology, node: str) -> str:
     return f"{run_dir(topo, node)}/engine.key"
 
 
-def members_path(topo: Topology) -> str:
-    """The router's members file on its node (pdctl.router.upstream.members): `up` rewrites it and sends SIGHUP
-    when prefill or decode instances come or go, so a membership change restarts no router."""
-    return f"{run_dir(topo, topo.router.node)}/router-members.json"
+def members_path(topo: Topology, node: str | None = None) -> str:
+    """The routers' members file on a router's node (pdctl.router.upstream.members): `up` rewrites it and sends
+    SIGHUP when prefill or decode instances come or go, so a membership change restarts no router."""
+    return f"{run_dir(topo, node or topo.router.node)}/router-members.json"
+
+
+def lb_config_path(topo: Topology) -> str:
+    """HAProxy's configuration on the router node (`router.replicas` > 1), written by `up`."""
+    return f"{run_dir(topo, topo.router.node)}/haproxy.cfg"
+
+
+def lb_socket_path(topo: Topology) -> str:
+    """HAProxy's admin socket (mode 0600): how `up` drains one router for a rolling restart."""
+    return f"{run_dir(topo, topo.router.node)}/haproxy.sock"
 
 
 MEMBER_FLAGS = ("--prefill", "--decode")
@@ -103,14 +113,26 @@ def plan(topo: Topology, self_python: str = sys.executable) -> list[ProcessSpec]
     specs = [_engine(topo, role, i, inst, self_python) for role, i, inst in topo.instances()]
     if not topo.has_router():
         return specs
-    specs.append(_router(topo, specs, self_python) if topo.mode != "aggregated" else
-                 _aggregated_router(topo, specs, self_python))
-    return specs
+    build = _router if topo.mode != "aggregated" else _aggregated_router
+    places = topo.router.replica_places()
+    if not places:
+        return [*specs, build(topo, specs, self_python, Place("router", topo.router.node, topo.router.port))]
+    routers = [build(topo, specs, self_python, Place(f"router-{i}", n, p)) for i, (n, p) in enumerate(places)]
+    return [*specs, *routers, _lb(topo)]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one router runs: its process name, node and port."""
+
+    name: str
+    node: str
+    port: int
 
 
 def entry(specs: list[ProcessSpec]) -> ProcessSpec:
-    """The process clients talk to: the router, or the aggregated engine where there is none."""
-    return next((s for s in specs if s.role == "router"), specs[0])
+    """The process clients talk to: the load balancer, else the router, else the aggregated engine."""
+    return next((s for s in specs if s.role == "lb"), next((s for s in specs if s.role == "router"), specs[0]))
 
 
 def run_dir(topo: Topology, node: str | None = None) -> str:
@@ -262,22 +284,29 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     return argv + extra
 
 
-def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
+def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Place) -> ProcessSpec:
     """The router in front of aggregated engines: whole requests and no handles, so none of the KV knobs."""
-    node = topo.node(topo.router.node)
-    r = topo.router
+    node = topo.node(at.node)
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.router", "serve"]
-    argv += ["--host", r.bind or node.address, "--port", str(r.port), "--mode", "aggregated"]
+    argv += ["--host", _router_bind(topo, at), "--port", str(at.port), "--mode", "aggregated"]
     argv += [a for e in engines for a in ("--decode", e.url)]
     argv += ["--model", topo.model.name]
-    return _router_spec(topo, argv + _client_side(topo))
+    return _router_spec(topo, argv + _client_side(topo, at), at)
 
 
-def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
-    node = topo.node(topo.router.node)
+def _router_bind(topo: Topology, at: Place) -> str:
+    """`router.bind` is where clients connect: the one router's, or the load balancer's in front of several."""
+    node = topo.node(at.node)
+    if topo.router.replicas > 1:
+        return node.bind or node.address
+    return topo.router.bind or node.address
+
+
+def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Place) -> ProcessSpec:
+    node = topo.node(at.node)
     r = topo.router
     argv = [python_for(topo, self_python, node.name), "-m", "pdctl.router", "serve"]
-    argv += ["--host", r.bind or node.address, "--port", str(r.port)]
+    argv += ["--host", _router_bind(topo, at), "--port", str(at.port)]
     argv += [a for e in engines if e.role == "prefill" for a in ("--prefill", e.url)]
     argv += [a for e in engines if e.role == "decode" for a in ("--decode", e.url)]
     _, ttl = topo.decode_kv_ttl()
@@ -300,33 +329,53 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
-    argv += ["--members-file", members_path(topo)]
-    return _router_spec(topo, argv + _client_side(topo))
+    argv += ["--members-file", members_path(topo, at.node)]
+    return _router_spec(topo, argv + _client_side(topo, at), at)
 
 
-def _client_side(topo: Topology) -> list[str]:
+def _client_side(topo: Topology, at: Place) -> list[str]:
     """The router arguments of either mode about its clients and its key to the engines."""
     r = topo.router
     argv = ["--api-key-env", r.api_key_env] if r.api_key_env else []
     for name in r.conversation_headers or ():
         argv += ["--conversation-header", name]
-    return [*argv, "--engine-key-file", engine_key_path(topo, r.node)]
+    return [*argv, "--engine-key-file", engine_key_path(topo, at.node)]
 
 
-def _router_spec(topo: Topology, argv: list[str]) -> ProcessSpec:
-    r = topo.router
-    node = topo.node(r.node)
+def _router_spec(topo: Topology, argv: list[str], at: Place) -> ProcessSpec:
+    node = topo.node(at.node)
     env = {**topo.env.all, MARKER: topo.name, "PYTHONUNBUFFERED": "1", **topo.env.router}
-    url = f"http://{node.address}:{r.port}"
+    url = f"http://{node.address}:{at.port}"
     return ProcessSpec(
-        name="router",
+        name=at.name,
         role="router",
         node=node.name,
         host=node.address,
         argv=tuple(argv),
         env=mark(env, secret_names(topo)),
         workdir=run_dir(topo, node.name),
-        log_path=f"{run_dir(topo, node.name)}/logs/router.log",
+        log_path=f"{run_dir(topo, node.name)}/logs/{at.name}.log",
+        health_url=f"{url}/health",
+        url=url,
+        ports=(at.port,),
+    )
+
+
+def _lb(topo: Topology) -> ProcessSpec:
+    """HAProxy in front of the routers, in the foreground (`-db`): its stdout is its log. `up` writes its config
+    (pdctl.lb_config) first; it carries the deployment's marker like every other process, and no key."""
+    r = topo.router
+    node = topo.node(r.node)
+    url = f"http://{node.address}:{r.port}"
+    return ProcessSpec(
+        name="lb",
+        role="lb",
+        node=node.name,
+        host=node.address,
+        argv=(r.lb_binary, "-db", "-f", lb_config_path(topo)),
+        env={MARKER: topo.name},
+        workdir=run_dir(topo, node.name),
+        log_path=f"{run_dir(topo, node.name)}/logs/lb.log",
         health_url=f"{url}/health",
         url=url,
         ports=(r.port,),

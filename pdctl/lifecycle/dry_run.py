@@ -156,14 +156,16 @@ def _processes(
         return list(specs)
     decision = decide(specs, state, live, restart and rolling)
     replaced = {s.name for s in decision.replace}
-    joining = [s.name for s in decision.start if s.role != "router"]
+    joining = [s.name for s in decision.start if s.role in ("prefill", "decode")]
     for spec in specs:
         if spec.name in decision.changed:
             why = "its argv changed" if spec.name in state.processes else "not recorded in the state file"
             change = ProcessChange(spec.name, "restart", f"{why}: `pdctl up --restart` restarts the deployment")
         elif spec.name in replaced:
             why = "--restart --rolling" if restart else "its argv changed"
-            how = ("its in-flight requests end" if spec.role == "router" else
+            lb = any(s.role == "lb" for s in specs)
+            how = ("drained at the load balancer first, then restarted alone, the other routers serving"
+                   if spec.role == "router" and lb else "its in-flight requests end" if spec.role == "router" else
                    "drained first, then restarted alone, the others serving")
             change = ProcessChange(spec.name, "restart", f"{why}: {how}")
         elif spec.role == "router" and spec.name in decision.kept and (joining or decision.removed):

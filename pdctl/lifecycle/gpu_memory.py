@@ -30,7 +30,7 @@ def used(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Trans
     """MiB in use now on every GPU the deployment's engines are given, by node and GPU id."""
     wanted: dict[str, set[int]] = {}
     for spec in specs:
-        if spec.role != "router" and spec.gpus:
+        if spec.role in ("prefill", "decode") and spec.gpus:
             wanted.setdefault(spec.node, set()).update(spec.gpus)
     readings = parallel(sorted(wanted), lambda node: _read(hosts[node], node))
     return {node: {str(m.index): m.used_mib for m in found if m.index in wanted[node]}

@@ -15,6 +15,7 @@ from typing import Protocol
 from rich.console import Console
 
 from pdctl.lifecycle import launch, membership
+from pdctl.lifecycle import lb as balancer
 from pdctl.lifecycle.wait import HealthCheck, wait_healthy
 from pdctl.plan import ProcessSpec, members_path
 from pdctl.remote.base import Transport
@@ -38,8 +39,8 @@ class Changes:
     started: list[str] = field(default_factory=list)
 
 
-def _router(specs: Sequence[ProcessSpec]) -> ProcessSpec | None:
-    return next((s for s in specs if s.role == "router" and "--members-file" in s.argv), None)
+def _routers(specs: Sequence[ProcessSpec]) -> list[ProcessSpec]:
+    return [s for s in specs if s.role == "router" and "--members-file" in s.argv]
 
 
 def _engines(specs: Sequence[Member]) -> list[Member]:
@@ -58,12 +59,10 @@ def _file(members: Sequence[Member], draining: Collection[str]) -> membership.Me
 def write_members(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport],
                   state: DeploymentState, removed: Sequence[str]) -> None:
     """The members file as `up` starts (or reloads) the router: the planned engines, the removed ones draining."""
-    router = _router(specs)
-    if router is None:
-        return
     leaving: list[Member] = [state.processes[n] for n in removed]
     m = _file([*_engines(specs), *leaving], removed)
-    membership.write(hosts[router.node], members_path(topo), m)
+    for node in sorted({r.node for r in _routers(specs)}):
+        membership.write(hosts[node], members_path(topo, node), m)
 
 
 def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport], store: StateStore,
@@ -71,34 +70,52 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
              check: HealthCheck) -> list[str]:
     """After the router is up: reload it, drain and stop the removed engines, replace the changed ones; returns
     what changed ("decode-1 removed")."""
-    router = _router(specs)
-    if router is None:
+    routers = _routers(specs)
+    if not routers:
         return []
     done: list[str] = []
-    host = hosts[router.node]
     engines = _engines(specs)
-    record = state.processes[router.name]
+    lb = balancer.lb_spec(specs)
 
     def publish(members: Sequence[Member], draining: Collection[str] = (), leaving: Collection[str] = ()) -> None:
         m = _file(members, draining)
-        membership.write(host, members_path(topo), m)
-        membership.reload(host, state.processes[router.name])
-        membership.wait_applied(host, router.url, m, leaving)
+        for node in sorted({r.node for r in routers}):
+            membership.write(hosts[node], members_path(topo, node), m)
+        for r in routers:
+            membership.reload(hosts[r.node], state.processes[r.name])
+        for r in routers:
+            membership.wait_applied(hosts[r.node], r.url, m, leaving)
 
-    gone = [state.processes[n] for n in changes.removed]
-    if any(s.role == "router" for s in changes.replace):
-        # first, so that what follows talks to a router that reads its members file (an older one might not: a
-        # SIGHUP would end it); it reads the file written before it at start
-        console.print("restarting the router (its settings changed): its in-flight requests end", highlight=False)
+    def wait_drained(url: str) -> None:
+        for r in routers:
+            membership.wait_drained(hosts[r.node], r.url, url, timeout)
+
+    restarting = [s for s in changes.replace if s.role == "router"]
+    for router in restarting:
+        # first, so that what follows talks to routers that read their members file (an older one might not: a
+        # SIGHUP would end it); each reads the file written before it at start
+        record = state.processes[router.name]
+        if lb is not None:
+            console.print(f"restarting {router.name} behind the load balancer: draining it first", highlight=False)
+            balancer.set_state(topo, hosts[lb.node], router.name, "drain")
+            balancer.wait_idle(topo, hosts[lb.node], router.name, timeout)
+        else:
+            console.print("restarting the router (its settings changed): its in-flight requests end",
+                          highlight=False)
         _stop(topo, hosts, record, console)
-        store.record(state, launch.start(host, router, topo.name))
+        store.record(state, launch.start(hosts[router.node], router, topo.name))
         wait_healthy([router], hosts, topo.name, console, timeout=timeout, check=check)
+        if lb is not None:
+            balancer.set_state(topo, hosts[lb.node], router.name, "ready")
+            balancer.wait_state(topo, hosts[lb.node], router.name, "UP")
         done.append(f"{router.name} restarted")
-    elif router.name not in changes.started:
+    gone = gone_of(state, changes)
+    fresh = {*changes.started, *(r.name for r in restarting)}
+    if not all(r.name in fresh for r in routers):
         publish([*engines, *gone], changes.removed)
     for rec in gone:
         console.print(f"draining {rec.name} ({rec.url}): no new turns, in-flight ones finish", highlight=False)
-        membership.wait_drained(host, router.url, rec.url, timeout)
+        wait_drained(rec.url)
         _stop(topo, hosts, rec, console)
         store.forget(state, rec.name)
         done.append(f"{rec.name} removed")
@@ -109,7 +126,7 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         current: list[Member] = [old if e.name == spec.name else e for e in engines]
         console.print(f"replacing {spec.name}: draining it first", highlight=False)
         publish(current, [spec.name])
-        membership.wait_drained(host, router.url, old.url, timeout)
+        wait_drained(old.url)
         _stop(topo, hosts, old, console)
         new = launch.start(hosts[spec.node], spec, topo.name)
         store.record(state, new)
@@ -118,6 +135,10 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         publish(engines, leaving={old.url} - {spec.url})
         done.append(f"{spec.name} replaced")
     return done
+
+
+def gone_of(state: DeploymentState, changes: Changes) -> list[ProcessRecord]:
+    return [state.processes[n] for n in changes.removed]
 
 
 def _stop(topo: Topology, hosts: Mapping[str, Transport], rec: ProcessRecord, console: Console) -> None:

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from pdctl.errors import LaunchError
 from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.launch import health
-from pdctl.plan import plan
+from pdctl.plan import entry, plan
 from pdctl.remote import forward
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
@@ -29,7 +29,7 @@ def port_forward(topo: Topology, port: int | None, on_ready: Callable[[Forwardin
     from pdctl.slurm.allocation import bound
 
     topo = bound(topo)
-    router = next(s for s in plan(topo) if s.role == "router")
+    router = entry(plan(topo))  # the load balancer in front of several routers
     with connected([topo.node(router.node)], ssh) as hosts:
         transport = hosts[router.node]
         verdict = health(transport, router.health_url, timeout=5.0)

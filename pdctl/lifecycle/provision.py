@@ -86,7 +86,7 @@ def contexts(
     wheel: Any = None,
 ) -> list[Context]:
     """One context per node that runs something (in `specs`, the topology's plan), with what it runs."""
-    engines = {s.node for s in specs if s.role != "router"}
+    engines = {s.node for s in specs if s.role in ("prefill", "decode")}
     pdctl_nodes = {s.node for s in specs if s.role == "router" or topo.engine == "sim"}
     wheelhouse = python.wheelhouse_files(topo.python.wheelhouse) if topo.python.wheelhouse else []
     return [

@@ -85,6 +85,7 @@ class RouterStatus:
     local_turns: int = 0
     live_handles: int = 0
     error: str | None = None
+    name: str = "router"
 
 
 @dataclass
@@ -93,6 +94,7 @@ class StatusReport:
     state_file: str | None
     processes: list[ProcessStatus] = field(default_factory=list)
     router: RouterStatus | None = None
+    routers: list[RouterStatus] = field(default_factory=list)  # every router, where several share the clients
     strays: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
     reach: str = ""
@@ -128,7 +130,8 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
             return report
         topo = bound
     specs = plan(topo)
-    router = next((s for s in specs if s.role == "router"), None)
+    routers = [s for s in specs if s.role == "router"]
+    router = routers[0] if routers else None
     with reachable(topo.nodes, ssh) as (hosts, failed):
         report.unreachable = {n: e.message.splitlines()[0] for n, e in failed.items()}
         nodes = sorted({s.node for s in specs if s.node in hosts})
@@ -145,8 +148,12 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
         else:
-            report.router = router_stats(hosts[router.node], router.url)
-        entry_spec = router or entry(specs)
+            report.router = router_stats(hosts[router.node], router.url, router.name)
+        if len(routers) > 1:  # behind a load balancer: each router's own /stats, one row each
+            report.routers = [RouterStatus(r.url, error=f"{r.node} unreachable", name=r.name)
+                              if r.node in report.unreachable else router_stats(hosts[r.node], r.url, r.name)
+                              for r in routers]
+        entry_spec = entry(specs)
         report.reach = reach_hint(topo, entry_spec, hosts.get(entry_spec.node))
     return report
 
@@ -194,7 +201,7 @@ def _process(
     alive = lead is not None
     verdict = launch.health(transport, spec.health_url, timeout=2.0) if alive else "down"
     uptime = time.time() - record.started_at if record is not None and alive else None
-    ok = alive and spec.role != "router" and verdict == "ok"
+    ok = alive and spec.role in ("prefill", "decode") and verdict == "ok"
     metrics = engine_metrics(transport, spec.url) if ok else None
     return ProcessStatus(
         name=spec.name, role=spec.role, node=spec.node, host=spec.host, url=spec.url,
@@ -223,20 +230,20 @@ def parse_metrics(text: str) -> EngineMetrics:
     return EngineMetrics(**values)
 
 
-def router_stats(transport: Transport, url: str) -> RouterStatus:
+def router_stats(transport: Transport, url: str, name: str = "router") -> RouterStatus:
     try:
         with httpx.Client(transport=transport.http(), timeout=3.0) as client:
             data = client.get(f"{url}/stats").json()
     except (httpx.HTTPError, ValueError) as exc:
-        return RouterStatus(url, error=type(exc).__name__)
+        return RouterStatus(url, error=type(exc).__name__, name=name)
     try:
         stats = RouterStats.from_json(data)
     except ValueError as exc:
-        return RouterStatus(url, error=str(exc))
+        return RouterStatus(url, error=str(exc), name=name)
     return RouterStatus(
         url=url, requests_total=stats.requests_total, hit=stats.hit, partial=stats.partial, miss=stats.miss,
         hit_rate=stats.hit_rate, reused_tokens_total=stats.reused_tokens_total, local_turns=stats.local_turns,
-        live_handles=stats.live_handles,
+        live_handles=stats.live_handles, name=name,
     )
 
 

@@ -45,13 +45,12 @@ def render_status(report: StatusReport, console: Console) -> None:
         held = [p.gpu_memory_mib for p in procs if p.gpu_memory_mib is not None]
         console.print(f"GPU {gpu} of {node} is shared by {', '.join(p.name for p in procs)}"
                       + (f": {sum(held)} MiB together" if held else ""), highlight=False)
-    r = report.router
-    if r is not None:
+    for r in report.routers or ([report.router] if report.router else []):
         if r.error:
-            console.print(f"router {r.url}: [red]stats unavailable[/] ({r.error})", highlight=False)
+            console.print(f"{r.name} {r.url}: [red]stats unavailable[/] ({r.error})", highlight=False)
         else:
             console.print(
-                f"router {r.url}: {r.requests_total} requests, reuse hit {r.hit} / partial {r.partial} / "
+                f"{r.name} {r.url}: {r.requests_total} requests, reuse hit {r.hit} / partial {r.partial} / "
                 f"miss {r.miss}, hit rate {r.hit_rate:.1%}, {r.reused_tokens_total} tokens reused, "
                 + (f"{r.local_turns} turns on the decode alone, " if r.local_turns else "")
                 + f"{r.live_handles} live handles",

@@ -1,4 +1,4 @@
-"""Stopping a deployment's processes in order: router first, then prefills, then decodes, then stragglers."""
+"""Stopping a deployment's processes in order: the load balancer, routers, prefills, decodes, then stragglers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pdctl.remote.fanout import parallel
 from pdctl.state import DeploymentState
 from pdctl.topology import Topology
 
-ORDER = ("router", "prefill", "decode")
+ORDER = ("lb", "router", "prefill", "decode")
 
 
 def stop_all(

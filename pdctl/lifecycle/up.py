@@ -11,6 +11,7 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
 from pdctl.lifecycle import gpu_memory, launch, nixl_check
+from pdctl.lifecycle import lb as balancer
 from pdctl.lifecycle import live as live_changes
 from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.engine_key import ensure_key
@@ -88,6 +89,8 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         store.save(state)
         if to_start:
             preflight(topo, to_start, hosts, router_api_key(topo))
+            if any(s.role == "lb" for s in to_start):  # before anything starts: the fix is an install
+                balancer.check_binary(topo, hosts[topo.router.node])
             ensure_key(topo, hosts)
             if opts.provision:
                 from pdctl.lifecycle.provision import provision
@@ -98,7 +101,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         started: list[str] = []
         changed: list[str] = []
         try:
-            engines = [s for s in specs if s.role != "router"]
+            engines = [s for s in specs if s.role in ("prefill", "decode")]
             for role in ("decode", "prefill"):
                 started += _start(hosts, [s for s in to_start if s.role == role], topo.name, store, state, console)
                 if topo.shared_gpus() and topo.engine == "vllm":
@@ -111,6 +114,11 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             live_changes.write_members(topo, specs, hosts, state, decision.removed)  # before a router starts or reloads
             started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
             wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)
+            lb = [s for s in to_start if s.role == "lb"]
+            if lb:
+                balancer.write_config(topo, specs, hosts[lb[0].node])
+                started += _start(hosts, lb, topo.name, store, state, console)
+                wait_healthy(lb, hosts, topo.name, console, timeout=timeout, check=opts.check)
             changed = live_changes.converge(topo, specs, hosts, store, state, console, live_changes.Changes(
                 decision.replace, decision.removed, [s.name for s in to_start]), timeout, opts.check)
         except KeyboardInterrupt:
@@ -195,15 +203,18 @@ def decide(
     rolling: bool = False,
 ) -> Decision:
     """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it).
-    `rolling` (`--restart --rolling`): every running engine is replaced, one at a time (the one router only
-    where its settings changed: with no second router behind a load balancer its restart ends its requests)."""
+    `rolling` (`--restart --rolling`): every running engine is replaced, one at a time; so are the routers where
+    a load balancer stands in front of several (each drained there first); the one router only where its settings
+    changed: with no second router its restart ends its requests. The load balancer itself is kept."""
     decision = Decision([], [], [])
     members = live_membership(specs)
+    behind_lb = any(s.role == "lb" for s in specs)
     for spec in specs:
         record = state.processes.get(spec.name)
         if not live[spec.node].get(spec.name, []):
             decision.start.append(spec)
-        elif record is not None and members and rolling and spec.role != "router":
+        elif record is not None and members and rolling and (spec.role in ("prefill", "decode") or
+                                                             (spec.role == "router" and behind_lb)):
             decision.replace.append(spec)
         elif record is not None and record.argv_hash == argv_hash(spec):
             decision.kept.append(spec.name)

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 
 from pdctl.defaults import VLLM_DECODER_KV_BLOCKS_TTL_S
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, ROUTER_SLACK_S, leaves_no_handle
@@ -19,6 +20,7 @@ def check(topo: Topology) -> list[Finding]:
     return [
         *_node_references(topo),
         *_ports(topo),
+        *_lb_headers(topo),
         *_gpus(topo),
         *_role_agreement(topo),
         *_router_ttl(topo),
@@ -42,6 +44,7 @@ def _node_references(topo: Topology) -> Iterator[Finding]:
             yield ("nodes", i, "name"), f"node name `{name}` is used twice", "give every node its own name"
         seen.add(name)
     refs: list[tuple[tuple[str | int, ...], str]] = [(("router", "node"), topo.router.node)]
+    refs += [(("router", "replica_nodes", i), n) for i, n in enumerate(topo.router.replica_nodes or [])]
     for role, i, inst in _file_order(topo):
         refs.append(((role, i, "node"), inst.node))
     for loc, ref in refs:
@@ -65,6 +68,7 @@ def _ports(topo: Topology) -> Iterator[Finding]:
     for role, i, inst in in_file_order:
         yield from claim(inst.node, inst.port, f"{role}[{i}].port", (role, i, "port"))
     yield from claim(topo.router.node, topo.router.port, "router.port", ("router", "port"))
+    yield from _replica_ports(topo, claim)
     for role, i, inst in in_file_order:
         base = inst.side_channel_port
         for rank in range(inst.data_parallel_size):
@@ -76,6 +80,38 @@ def _ports(topo: Topology) -> Iterator[Finding]:
                     "space the instances' side-channel ports apart"
                 )
                 break
+
+
+def _replica_ports(topo: Topology, claim: Callable[[str, int, str, tuple[str | int, ...]], Iterator[Finding]]
+                   ) -> Iterator[Finding]:
+    """router-i listens on replica_port + (its index among the routers of its node): each must fit and be free."""
+    r = topo.router
+    loc: tuple[str | int, ...] = ("router", "replica_port" if r.replica_port else "replicas")
+    for i, (node, port) in enumerate(r.replica_places()):
+        if node not in {n.name for n in topo.nodes}:
+            continue  # reported as a missing node
+        if port > 65535:
+            yield loc, (f"router-{i} would listen on port {port} on node `{node}`: above 65535"), (
+                "lower router.replica_port, spread the routers over more router.replica_nodes, or lower "
+                "router.replicas")
+            return
+        for loc_, message, _ in claim(node, port, f"router-{i}", loc):
+            yield loc_, message, (f"router-{i} needs port {port} on `{node}`: set router.replica_port to a range of "
+                                  f"{r.replicas} free ports, or place the routers on other router.replica_nodes")
+            return
+
+
+_HEADER = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+
+
+def _lb_headers(topo: Topology) -> Iterator[Finding]:
+    """The load balancer's config names the conversation headers: they must be plain header names."""
+    if topo.router.replicas < 2:
+        return
+    for i, h in enumerate(topo.router.conversation_headers or []):
+        if not _HEADER.match(h):
+            yield ("router", "conversation_headers", i), f"`{h}` is not a header name the load balancer can hash on", (
+                "use letters, digits, `-` and `_` only (e.g. X-Conversation-Id)")
 
 
 def _gpus(topo: Topology) -> Iterator[Finding]:

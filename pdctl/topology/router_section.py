@@ -22,6 +22,8 @@ from pdctl.topology.strict import Strict
 from pdctl.topology.strings import (
     Address,
     EnvKey,
+    HostPath,
+    NodeName,
 )
 
 
@@ -87,11 +89,44 @@ class Router(Strict):
         "and its conversation's later turns stay on that prefill while it is below it. 0 or null: off.",
     )
 
+    replicas: int = Field(
+        1, ge=1, le=64,
+        description="Routers to run: more than 1 puts them behind an HAProxy that pdctl configures and starts on "
+        "`node`, listening on `port` and hashing each conversation (consistently) to one router; the routers "
+        "share nothing, each reuses only the KV of the turns it placed (docs/router-replicas.md).",
+    )
+    replica_nodes: list[NodeName] | None = Field(
+        None, min_length=1,
+        description="With replicas > 1: the nodes the routers run on, router-i on the (i mod n)-th; default: `node`.",
+    )
+    replica_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="With replicas > 1: the first router's port on each of its nodes, the next ones above it; "
+        "default: port + 1.",
+    )
+    lb_binary: HostPath = Field(
+        "/usr/sbin/haproxy",
+        description="With replicas > 1: the HAProxy (>= 2.6) binary on `node` (Debian/Ubuntu: `apt-get install "
+        "haproxy`).",
+    )
+
     conversation_headers: list[str] | None = Field(
         None,
         description="Headers naming a request's conversation, in order of precedence (after the body's "
         "conversation_id); null: the router's own list (see `pdctl router serve --help`).",
     )
+
+    def replica_places(self) -> list[tuple[str, int]]:
+        """(node, port) of router-0 .. router-(replicas-1); empty with one router (it listens on `port`)."""
+        if self.replicas < 2:
+            return []
+        nodes = self.replica_nodes or [self.node]
+        base = self.replica_port or self.port + 1
+        placed: list[tuple[str, int]] = []
+        for i in range(self.replicas):
+            node = nodes[i % len(nodes)]
+            placed.append((node, base + sum(1 for n, _ in placed if n == node)))
+        return placed
 
     @model_validator(mode="before")
     @classmethod

@@ -16,11 +16,24 @@ import httpx
 from pdctl.router import wire
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request's fate: when it started and ended (time.monotonic), and the router that answered it (the
+    load balancer's X-PD-Router header; None where no response came or there is no load balancer)."""
+
+    start: float
+    end: float
+    ok: bool
+    router: str | None
+    why: str = ""
+
+
 @dataclass
 class Tally:
     ok: int = 0
     failed: list[str] = field(default_factory=list)  # "<when> <why>" per failed request
     reuse: Counter[str] = field(default_factory=Counter)  # outcomes of turns 2+
+    requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -77,12 +90,14 @@ class Load:
         body = {"model": "Qwen", "messages": messages, "max_tokens": self.max_tokens, "stream": True}
         parts: list[str] = []
         started = False
+        t0, router = time.monotonic(), None
         try:
             with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
                                headers={"x-conversation-id": cid}) as r:
                 if r.status_code != 200:
                     r.read()
-                    return self._failed(f"before HTTP {r.status_code} {r.text[:200]}")
+                    return self._failed(t0, router, f"before HTTP {r.status_code} {r.text[:200]}")
+                router = r.headers.get("x-pd-router")
                 outcome = wire.Reuse.parse(r.headers.get(wire.REUSE_HEADER)).outcome
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -90,20 +105,22 @@ class Load:
                     started = True
                     event = json.loads(line[6:])
                     if "error" in event:
-                        return self._failed(f"mid-stream error event {event['error']}")
+                        return self._failed(t0, router, f"mid-stream error event {event['error']}")
                     for c in event.get("choices") or ():
                         parts.append((c.get("delta") or {}).get("content") or "")
         except httpx.HTTPError as exc:
-            return self._failed(f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
+            return self._failed(t0, router, f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
         with self.tally.lock:
             self.tally.ok += 1
+            self.tally.requests.append(Request(t0, time.monotonic(), True, router))
             if turn:
                 self.tally.reuse[outcome] += 1
         return "".join(parts)
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, t0: float, router: str | None, why: str) -> None:
         with self.tally.lock:
             self.tally.failed.append(why)
+            self.tally.requests.append(Request(t0, time.monotonic(), False, router, why))
         return None
 
 
