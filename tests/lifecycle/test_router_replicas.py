@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from pdctl.errors import LaunchError
 from pdctl.lifecycle import UpOptions, down, status, up
 from pdctl.lifecycle.engine_key import read_key
 from pdctl.lifecycle.logs import logs
@@ -109,6 +110,8 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
         key = read_key(LocalTransport(), topo, "local")
         assert key
         engines = [s.url for s in dep.specs if s.role in ("prefill", "decode")]
+        cfg = tmp_path / "work" / name / "haproxy.cfg"
+        assert cfg.stat().st_mode & 0o777 == 0o600 and key not in cfg.read_text()
 
         one = _run(Load(routers["router-0"], streams=6).__enter__(), 8.0)  # the same engines, one router
 
@@ -148,3 +151,43 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
     finally:
         down(topo, console)
     assert not LocalTransport().find_by_marker(name)  # HAProxy too: stopped by its marker
+
+
+def test_rolling_restart_of_routers_behind_haproxy(tmp_path: Path, pdctl_home: Path, console: Console) -> None:
+    """`up --restart --rolling`: engines and routers one at a time, each router drained at HAProxy first; the
+    load balancer keeps its pid and no request fails (4 streams, a shared 2-core machine)."""
+    name = "h30b-roll"
+    path = tmp_path / "topo.yaml"
+    path.write_text(replicas_yaml(name, tmp_path / "work", replicas=2))
+    topo = load(path)
+    try:
+        dep = up(topo, console, UpOptions(smoke=False))
+        before = _pids(name)
+        with Load(dep.router_url, streams=4) as load_:
+            load_.wait_requests(20)
+            out = up(topo, console, UpOptions(restart=True, rolling=True, smoke=False))
+            load_.wait_requests(20)
+            tally = load_.stop()
+        after = _pids(name)
+        assert sorted(out.changed) == sorted([*(f"{n} replaced" for n in ("decode-0", "decode-1", "prefill-0",
+                                                                          "prefill-1")),
+                                              "router-0 restarted", "router-1 restarted"])
+        assert after["lb"] == before["lb"]
+        assert all(after[n] != before[n] for n in before if n != "lb")
+        assert tally.failed == [], tally.failed
+        assert {r.router for r in tally.requests} == {"router-0", "router-1"}
+    finally:
+        down(topo, console)
+
+
+def test_missing_load_balancer_stops_up_with_the_fix(tmp_path: Path, pdctl_home: Path, console: Console) -> None:
+    name = "h30b-nolb"
+    path = tmp_path / "topo.yaml"
+    path.write_text(replicas_yaml(name, tmp_path / "work", replicas=2).replace(
+        "replicas: 2,", f"replicas: 2, lb_binary: {tmp_path}/no/haproxy,"))
+    topo = load(path)
+    with pytest.raises(LaunchError) as err:
+        up(topo, console)
+    assert f"the load balancer {tmp_path}/no/haproxy does not run on local" in err.value.message
+    assert "apt-get install -y haproxy" in (err.value.hint or "")
+    assert not LocalTransport().find_by_marker(name)  # checked before anything started
