@@ -26,6 +26,8 @@ class Request:
     ok: bool
     router: str | None
     why: str = ""
+    ttft: float | None = None  # seconds to the first streamed token
+    turn: int = 0
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Load:
         body = {"model": "Qwen", "messages": messages, "max_tokens": self.max_tokens, "stream": True}
         parts: list[str] = []
         started = False
-        t0, router = time.monotonic(), None
+        t0, router, first = time.monotonic(), None, None
         try:
             with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
                                headers={"x-conversation-id": cid}) as r:
@@ -102,6 +104,8 @@ class Load:
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
+                    if not started:
+                        first = time.monotonic() - t0
                     started = True
                     event = json.loads(line[6:])
                     if "error" in event:
@@ -112,7 +116,7 @@ class Load:
             return self._failed(t0, router, f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
         with self.tally.lock:
             self.tally.ok += 1
-            self.tally.requests.append(Request(t0, time.monotonic(), True, router))
+            self.tally.requests.append(Request(t0, time.monotonic(), True, router, ttft=first, turn=turn))
             if turn:
                 self.tally.reuse[outcome] += 1
         return "".join(parts)
