@@ -36,7 +36,7 @@ def port_forward(topo: Topology, port: int | None, on_ready: Callable[[Forwardin
         if verdict != "ok":
             raise LaunchError(
                 f"{topo.name} is not up: the router at {router.url} on {router.node} does not answer ({verdict})",
-                hint="start it with `pdctl up -t <topology>`, or see `pdctl status`",
+                hint=f"start it with `pdctl up -t {topo.file}`, or see `pdctl status -t {topo.file}`",
             )
         listener = forward.listen(topo.router.port if port is None else port)
         local = f"http://127.0.0.1:{listener.getsockname()[1]}"

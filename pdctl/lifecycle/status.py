@@ -156,7 +156,7 @@ def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None)
     if transport is None or isinstance(transport, LocalTransport | SlurmTransport):
         return f"router: {router.url}"
     return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
-            f"`pdctl port-forward -t <topology> --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
+            f"`pdctl port-forward -t {topo.file} --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
 
 
 def _without_job(spec: ProcessSpec, job: SlurmStatus) -> ProcessStatus:

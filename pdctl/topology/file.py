@@ -26,7 +26,9 @@ def load_file(path: Path, overrides: list[str]) -> Topology:
         raise TopologyError([Problem(shown, None, "", "file not found", "pass an existing file with -t")]) from None
     except OSError as exc:
         raise TopologyError([Problem(shown, None, "", f"cannot read: {exc.strerror}")]) from None
-    return parse(decode(raw, shown), shown, overrides)
+    topo = parse(decode(raw, shown), shown, overrides)
+    topo._source = shown
+    return topo
 
 
 def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
