@@ -83,6 +83,8 @@ def status(
         if not watch:
             break
         time.sleep(watch)
+    if report.not_running and not as_json:
+        err.print(f"hint: start it with `pdctl up -t {topo.file}`", highlight=False)
     if not report.healthy:
         raise typer.Exit(1)
 

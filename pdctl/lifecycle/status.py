@@ -103,6 +103,12 @@ class StatusReport:
         ok = all(p.alive and p.health == "ok" for p in self.processes)
         return bool(self.processes) and ok and not self.unreachable
 
+    @property
+    def not_running(self) -> bool:
+        """Nothing of the deployment found anywhere (after `down`, before `up`): one line, not a table of rows."""
+        return (self.state_file is None and self.slurm is None and not self.unreachable and not self.strays
+                and all(not p.alive for p in self.processes))
+
     def shared_gpus(self) -> dict[tuple[str, int], list[ProcessStatus]]:
         """(node, GPU id) -> the processes on it, for GPUs more than one process is given."""
         on: dict[tuple[str, int], list[ProcessStatus]] = {}
@@ -144,6 +150,8 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
             report.router = None  # one aggregated engine: clients talk to the engine itself
         elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
+        elif not rows[router.name].alive:
+            report.router = RouterStatus(router.url, error="the router is not running")
         else:
             report.router = router_stats(hosts[router.node], router.url)
         entry_spec = router or entry(specs)
