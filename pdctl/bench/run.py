@@ -105,8 +105,12 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
             hint=f"start it with `pdctl up -t {opts.topology}`, or drop --no-redeploy",
         )
     workload = opts.workload
+    kept = _Kept(progress)
+    progress = kept
+    current: tuple[LegSpec, Topology] | None = None
     try:
         for spec, topo in zip(legs, topos, strict=True):
+            current, kept.records = (spec, topo), []
             try:
                 ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:
@@ -120,6 +124,16 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
             workload = _calibrated(workload, ep, hosts)
             result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
             result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts))
+            current = None
+    except KeyboardInterrupt:  # keep what finished: the report is written from it
+        result.interrupted = True
+        if current is not None and kept.records:
+            spec, topo = current
+            cut = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim",
+                            records=list(kept.records), mode=topo.mode)
+            cut.failures.append(f"interrupted (Ctrl-C) after {len(cut.records)} requests")
+            result.legs.append(cut)
+        progress.note("interrupted: writing the report of the requests that finished")
     finally:
         if deployer is not None and not opts.no_redeploy:
             progress.note(f"restoring {base.name} as it was found ({'running' if was_running else 'stopped'})")
@@ -129,6 +143,24 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
                 deployer.down(base)
     result.wall_s = time.monotonic() - start
     return result
+
+
+class _Kept:
+    """The bench's progress, also keeping the current leg's finished records for a bench cut short by Ctrl-C."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+        self.records: list[RequestRecord] = []
+
+    def leg_started(self, name: str, total: int) -> None:
+        self.inner.leg_started(name, total)
+
+    def request_done(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.inner.request_done(record)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
 
 
 def _deploy(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
