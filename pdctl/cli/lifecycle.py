@@ -137,8 +137,9 @@ def logs(
 def port_forward(
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
-    port: Annotated[int | None, typer.Option("--port", help="Local port; default the router's port, 0: any free.")]
-    = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="Local port; default the router's port (a router on this machine: any free); 0: any free.",
+    )] = None,
     accept_new_host_keys: AcceptOpt = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
