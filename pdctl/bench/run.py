@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pdctl.bench import capacity, guards, probe
 from pdctl.bench.agent import play_sessions
@@ -278,7 +278,10 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
     if client_where(opts, topo, hosts) == "local":
         def here(convs: list[Conversation], client: ClientOptions, leg: str,
                  on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
-            return asyncio.run(play(convs, client, leg, on_record, transport=transport.async_http()))
+            async def quiet() -> list[RequestRecord]:
+                asyncio.get_running_loop().set_exception_handler(_quiet_interrupt)
+                return await play(convs, client, leg, on_record, transport=transport.async_http())
+            return asyncio.run(quiet())
         return here
 
     def there(convs: list[Conversation], client: ClientOptions, leg: str,
@@ -289,6 +292,14 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
                 on_record(rec)
         return records
     return there
+
+
+def _quiet_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Ctrl-C lands inside one of the player's tasks; that task's KeyboardInterrupt is the bench's own (it writes
+    the report), not an unretrieved task exception for asyncio to print with a traceback."""
+    if isinstance(context.get("exception"), KeyboardInterrupt):
+        return
+    loop.default_exception_handler(context)
 
 
 def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,

@@ -45,4 +45,4 @@ def test_ctrl_c_writes_the_report_of_what_finished(sim_topology: Path, tmp_path:
     assert (out / "report.md").read_text().splitlines()[2].startswith("INTERRUPTED (Ctrl-C): partial results.")
     assert "bench interrupted after " in stdout
     assert f"the report holds the {len(records)} requests that finished" in stdout
-    assert "Traceback" not in stderr
+    assert "Traceback" not in stderr, stderr
