@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pdctl.bench import capacity, guards, probe
 from pdctl.bench.agent import play_sessions
@@ -30,6 +32,8 @@ from pdctl.remote.base import Transport
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
+
+T = TypeVar("T")
 
 ClientWhere = Literal["auto", "local", "router-node"]
 """Where the load player runs: auto = on the router's node when that node is remote, else here."""
@@ -253,7 +257,8 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
     def play_n(n: int) -> list[RequestRecord]:
         agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
         progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
-        records = asyncio.run(play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
+        records = _run_interruptible(
+            lambda: play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
         for rec in records:
             rec.length = n  # a capacity record's "length" is its point's session count
         leg.records += records
@@ -278,10 +283,7 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
     if client_where(opts, topo, hosts) == "local":
         def here(convs: list[Conversation], client: ClientOptions, leg: str,
                  on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
-            async def quiet() -> list[RequestRecord]:
-                asyncio.get_running_loop().set_exception_handler(_quiet_interrupt)
-                return await play(convs, client, leg, on_record, transport=transport.async_http())
-            return asyncio.run(quiet())
+            return _run_interruptible(lambda: play(convs, client, leg, on_record, transport=transport.async_http()))
         return here
 
     def there(convs: list[Conversation], client: ClientOptions, leg: str,
@@ -294,12 +296,22 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
     return there
 
 
-def _quiet_interrupt(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """Ctrl-C lands inside one of the player's tasks; that task's KeyboardInterrupt is the bench's own (it writes
-    the report), not an unretrieved task exception for asyncio to print with a traceback."""
-    if isinstance(context.get("exception"), KeyboardInterrupt):
-        return
-    loop.default_exception_handler(context)
+def _run_interruptible(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(main())` where Ctrl-C cancels the main task (asyncio's own handling: the player's tasks and
+    connections close as cancelled) instead of raising KeyboardInterrupt inside whichever task runs, which left
+    unretrieved task exceptions and unfinished generators for asyncio to print with tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main())
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio.Runner installs its own only over this one
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signal.SIGINT, None)  # the CLI's handler records the interruption, and raises
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,
