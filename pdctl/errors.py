@@ -18,6 +18,7 @@ Lower-layer errors (paramiko, socket, httpx) are translated into these at one bo
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 EXIT_RUNTIME = 1
@@ -69,10 +70,11 @@ class TopologyError(PdctlError, ValueError):
         self.problems = problems
         count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
         lines = "\n".join(f"  {p.render()}" for p in problems)
-        super().__init__(
-            f"invalid topology ({count}):\n{lines}",
-            hint="fix the file and check it with `pdctl validate -t <file>`",
-        )
+        files = sorted({p.path for p in problems if not p.path.startswith("--set ")})
+        hint = (f"fix the file and check it with `pdctl validate -t {shlex.quote(files[0])}`" if len(files) == 1 else
+                "fix the file and check it with `pdctl validate -t <file>`" if files else
+                "fix the --set value; `pdctl validate --set KEY=VALUE` checks it")
+        super().__init__(f"invalid topology ({count}):\n{lines}", hint=hint)
 
 
 class ConnectError(PdctlError):

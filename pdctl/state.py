@@ -117,6 +117,12 @@ class StateStore:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None
+        except IsADirectoryError:
+            raise StateError(
+                f"{self.path} is a directory, not a pdctl state file",
+                hint=f"remove it (`rm -r {self.path}`); `pdctl down` still finds the processes of {self.name} "
+                "by their marker",
+            ) from None
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc}") from None
         try:
@@ -142,7 +148,13 @@ class StateStore:
             self._write(state)
 
     def delete(self) -> None:
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:  # a directory, or a read-only deployments directory
+            raise StateError(
+                f"cannot remove {self.path}: {exc.strerror}",
+                hint=f"remove it by hand (`rm -r {self.path}`)",
+            ) from None
 
     def _write(self, state: DeploymentState) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

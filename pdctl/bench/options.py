@@ -10,7 +10,7 @@ from typing import cast
 from pdctl.bench.agent import AgentSpec, Range
 from pdctl.bench.capacity import CapacityOptions, Slo, parse_sweep
 from pdctl.bench.estimate import estimate
-from pdctl.bench.legs import LegSpec, leg_topology, parse_legs
+from pdctl.bench.legs import DEFAULT_LEGS, LegSpec, leg_topology, parse_legs
 from pdctl.bench.run import BenchOptions, ClientWhere
 from pdctl.bench.workload import DEFAULT_LENGTHS, Api, WorkloadSpec
 from pdctl.errors import UsageError
@@ -93,6 +93,17 @@ def bench_options(args: BenchArgs, ssh: SshOptions | None = None) -> BenchOption
             "--no-redeploy benches the running deployment as it is; --leg overrides need a redeploy",
             hint="drop --no-redeploy, or pass at most one --leg NAME without overrides",
         )
+    bare = [t for t in args.legs or [] if ":" not in t]
+    if bare and not args.no_redeploy:
+        known = {leg.name: leg for leg in DEFAULT_LEGS}
+        unknown = [t for t in bare if t.strip() not in known]
+        if unknown:
+            raise UsageError(
+                f"--leg {unknown[0]!r} has no overrides and is not one of {', '.join(known)}",
+                hint=f"a leg is NAME:key=value,... (e.g. --leg b128:model.block_size=128); "
+                f"`--leg {unknown[0]}:` benches the topology as it is",
+            )
+        legs = [known.get(leg.name, leg) if leg.name in bare else leg for leg in legs]
     capacity = None
     profile_name = args.profile
     if args.sweep is not None or args.slo is not None or args.profile == "agent":

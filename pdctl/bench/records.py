@@ -134,10 +134,11 @@ class BenchResult:
     legs: list[LegResult] = field(default_factory=list)
     started_at: str = ""
     wall_s: float = 0.0
+    interrupted: bool = False  # Ctrl-C: the legs hold what finished before it
 
     @property
     def passed(self) -> bool:
-        return all(leg.passed for leg in self.legs)
+        return not self.interrupted and all(leg.passed for leg in self.legs)
 
     @property
     def records(self) -> list[RequestRecord]:

@@ -85,6 +85,11 @@ def print_outcome(result: BenchResult, files: ReportFiles, console: Console) -> 
     console.print(f"report: {files.report}", highlight=False)
     console.print(f"plots:  {files.ttft_png}", highlight=False)
     console.print(f"        {files.prefill_png}", highlight=False)
+    console.print(f"        {files.stages_png}", highlight=False)
+    if result.interrupted:
+        console.print(f"[bold red]bench interrupted[/] after {result.wall_s:.0f} s: the report holds the "
+                      f"{len(result.records)} requests that finished", highlight=False)
+        return
     verdict = "[green]bench passed[/]" if result.passed else "[bold red]bench FAILED[/]"
     console.print(f"{verdict} in {result.wall_s:.0f} s", highlight=False)
 
@@ -93,6 +98,7 @@ def as_json(result: BenchResult, files: ReportFiles) -> dict[str, Any]:
     rows = summarize(result.legs)
     return {
         "passed": result.passed,
+        "interrupted": result.interrupted,
         "topology": result.topology,
         "simulated": result.simulated,
         "wall_s": round(result.wall_s, 2),

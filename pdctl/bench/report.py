@@ -50,6 +50,7 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
         "started_at": result.started_at,
         "wall_s": round(result.wall_s, 2),
         "passed": result.passed,
+        "interrupted": result.interrupted,
         "workload": result.workload,
         "legs": [leg.to_json() for leg in result.legs],
     }
@@ -108,7 +109,8 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
     names = [leg.name for leg in result.legs]
     lengths = sorted({r.length for r in rows})
     ratio = ratios(rows, names)
-    verdict = "PASSED" if result.passed else "FAILED"
+    verdict = "INTERRUPTED (Ctrl-C): partial results" if result.interrupted else \
+        "PASSED" if result.passed else "FAILED"
     lines = [
         f"# pdctl bench: {result.topology} — {plots.label(result)}",
         "",

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pdctl.bench import capacity, guards, probe
 from pdctl.bench.agent import play_sessions
@@ -30,6 +32,8 @@ from pdctl.remote.base import Transport
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
+
+T = TypeVar("T")
 
 ClientWhere = Literal["auto", "local", "router-node"]
 """Where the load player runs: auto = on the router's node when that node is remote, else here."""
@@ -105,8 +109,12 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
             hint=f"start it with `pdctl up -t {opts.topology}`, or drop --no-redeploy",
         )
     workload = opts.workload
+    kept = _Kept(progress)
+    progress = kept
+    current: tuple[LegSpec, Topology] | None = None
     try:
         for spec, topo in zip(legs, topos, strict=True):
+            current, kept.records = (spec, topo), []
             try:
                 ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
             except PdctlError as exc:
@@ -120,6 +128,16 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
             workload = _calibrated(workload, ep, hosts)
             result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
             result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts))
+            current = None
+    except KeyboardInterrupt:  # keep what finished: the report is written from it
+        result.interrupted = True
+        if current is not None and kept.records:
+            spec, topo = current
+            cut = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim",
+                            records=list(kept.records), mode=topo.mode)
+            cut.failures.append(f"interrupted (Ctrl-C) after {len(cut.records)} requests")
+            result.legs.append(cut)
+        progress.note("interrupted: writing the report of the requests that finished")
     finally:
         if deployer is not None and not opts.no_redeploy:
             progress.note(f"restoring {base.name} as it was found ({'running' if was_running else 'stopped'})")
@@ -129,6 +147,24 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
                 deployer.down(base)
     result.wall_s = time.monotonic() - start
     return result
+
+
+class _Kept:
+    """The bench's progress, also keeping the current leg's finished records for a bench cut short by Ctrl-C."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+        self.records: list[RequestRecord] = []
+
+    def leg_started(self, name: str, total: int) -> None:
+        self.inner.leg_started(name, total)
+
+    def request_done(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.inner.request_done(record)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
 
 
 def _deploy(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
@@ -221,7 +257,8 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
     def play_n(n: int) -> list[RequestRecord]:
         agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
         progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
-        records = asyncio.run(play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
+        records = _run_interruptible(
+            lambda: play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
         for rec in records:
             rec.length = n  # a capacity record's "length" is its point's session count
         leg.records += records
@@ -246,7 +283,7 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
     if client_where(opts, topo, hosts) == "local":
         def here(convs: list[Conversation], client: ClientOptions, leg: str,
                  on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
-            return asyncio.run(play(convs, client, leg, on_record, transport=transport.async_http()))
+            return _run_interruptible(lambda: play(convs, client, leg, on_record, transport=transport.async_http()))
         return here
 
     def there(convs: list[Conversation], client: ClientOptions, leg: str,
@@ -257,6 +294,24 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
                 on_record(rec)
         return records
     return there
+
+
+def _run_interruptible(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(main())` where Ctrl-C cancels the main task (asyncio's own handling: the player's tasks and
+    connections close as cancelled) instead of raising KeyboardInterrupt inside whichever task runs, which left
+    unretrieved task exceptions and unfinished generators for asyncio to print with tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main())
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio.Runner installs its own only over this one
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signal.SIGINT, None)  # the CLI's handler records the interruption, and raises
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,

@@ -12,6 +12,7 @@ from rich.console import Console
 from pdctl.bench.options import BenchArgs, bench_options
 from pdctl.bench.render import as_json, print_outcome
 from pdctl.bench.session import bench as run
+from pdctl.cli.errors import INTERRUPTED_EXIT
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json
 from pdctl.cli.support import topology_path
@@ -87,7 +88,9 @@ def bench(
     Each leg redeploys prefill, decode and router with its overrides (--set applies to every leg), warms up and
     plays the conversations.
 
-    Writes requests.json, legs.json, summary.csv, two plots and report.md to --out; exits 1 when a guard fails.
+    Writes requests.json, legs.json, summary.csv, three plots (ttft_vs_length.png, prefill_split.png,
+    ttft_stages.png) and report.md to --out; exits 1 when a guard fails. Ctrl-C writes the report of the
+    requests that finished and exits 130.
     """
     args = BenchArgs(
         topology=topology_path(topology), overrides=list(overrides or []), profile=profile, lengths=lengths,
@@ -105,7 +108,7 @@ def bench(
     if not result.passed:
         if as_json_out:
             print_outcome(result, files, err)
-        raise typer.Exit(1)
+        raise typer.Exit(INTERRUPTED_EXIT if result.interrupted else 1)
 
 
 def bench_play(

@@ -13,7 +13,7 @@ from pdctl.bench.estimate import estimate
 from pdctl.bench.progress import make_progress
 from pdctl.bench.render import print_outcome
 from pdctl.bench.workload import WorkloadSpec
-from pdctl.cli.output import err, out, say
+from pdctl.cli.output import err, out, pdctl_command, say
 from pdctl.demo import DemoOptions, demo_options, run_demo
 from pdctl.topology import Topology
 
@@ -42,7 +42,7 @@ def demo(
 
     def announce(topo: Topology, path: Path) -> None:
         say(err, f"pdctl demo: simulated engines (pdctl.sim), deployment {topo.name}; output in {opts.out}")
-        say(err, f"if it is interrupted, clean up with: pdctl down -t {path}")
+        say(err, f"if it is interrupted, clean up with: {pdctl_command()} down -t {path}")
         spec = WorkloadSpec(opts.lengths, opts.conversations, opts.turns, opts.user_tokens, opts.output_tokens)
         guess = estimate(spec, legs=2, clients=1, engine="sim", speed=opts.speed, redeploy=True)
         say(err, guess.line(simulated=True))

@@ -88,6 +88,8 @@ def status(
         if not watch:
             break
         time.sleep(watch)
+    if report.not_running and not as_json:
+        err.print(f"hint: start it with `pdctl up -t {topo.file}`", highlight=False)
     if not report.healthy:
         raise typer.Exit(1)
 
@@ -140,8 +142,9 @@ def logs(
 def port_forward(
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
-    port: Annotated[int | None, typer.Option("--port", help="Local port; default the router's port, 0: any free.")]
-    = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="Local port; default the router's port (a router on this machine: any free); 0: any free.",
+    )] = None,
     accept_new_host_keys: AcceptOpt = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,

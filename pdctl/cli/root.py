@@ -47,11 +47,24 @@ class RootGroup(TyperGroup):
             return super().invoke(ctx)
 
 
+EXAMPLES = """Examples:
+
+\b
+    pdctl demo                          # simulated 1P1D on free ports: up, OFF/ON bench, down
+    pdctl init --example local-sim      # write ./pdctl.yaml, which every command reads by default
+    pdctl validate && pdctl up          # check the file, then start it
+    pdctl status                        # health, KV use, router hit rate
+    pdctl bench --lengths 2000,8000     # OFF vs ON legs, report and plots
+    pdctl down
+    pdctl --install-completion          # tab completion for your shell (bash, zsh, fish)
+"""
+
 app = typer.Typer(
     cls=RootGroup,
     help="Run prefill/decode disaggregated vLLM with bidirectional KV transfer, from one YAML topology.",
+    epilog=EXAMPLES,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 

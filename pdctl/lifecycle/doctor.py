@@ -114,8 +114,11 @@ def host_checks(
     _python_checks(ctx, get, out, done)
     if ctx.vllm:
         snap = get(model.snapshot_fact(ctx))
-        out.add("model", done.get("model.download", snap.present), snap.path or f"{topo.model.id} not found",
-                "`pdctl up` downloads it")
+        local = topo.model.local_dir
+        out.add("model", done.get("model.download", snap.present),
+                snap.path or (f"{local} has no config.json" if local else f"{topo.model.id} not found"),
+                f"copy the model to {local} (`pdctl up` refuses without it), or unset model.local_dir to download "
+                "model.id" if local else "`pdctl up` downloads it")
     ports = sorted({p for s in specs if s.node == ctx.node.name for p in s.ports})
     busy = [p for p in ports if p in get(ListeningPorts())]
     out.add("ports", not busy, f"busy: {busy}" if busy else f"free: {ports}", "stop what listens (`pdctl down`?)")

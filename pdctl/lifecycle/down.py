@@ -64,7 +64,7 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
         bound, slurm = job_status(topo, store if state is not None else None)
         if bound is None:
             job_gone(topo, slurm, console)
-            store.delete()
+            _forget(store, console)
             return report
         assert slurm.jobid is not None
         topo, job = bound, (slurm.jobid, slurm.submitted_by_pdctl)
@@ -86,10 +86,17 @@ def _down(topo: Topology, console: Console, ssh: SshOptions | None, timeout: flo
             f"could not reach the host(s) to stop their processes (the others were stopped):\n  {lines}",
             hint="bring the host back and rerun `pdctl down`; the state file is kept until then",
         )
-    store.delete()
+    _forget(store, console)
     if report.nothing_was_running:
         console.print(f"{topo.name}: nothing was running")
     return report
+
+
+def _forget(store: StateStore, console: Console) -> None:
+    try:
+        store.delete()
+    except StateError as exc:  # what `down` is for is done: the deployment is stopped and verified
+        console.print(f"[yellow]warning[/]: {exc.message}; {exc.hint}", highlight=False)
 
 
 def _verify(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport]) -> None:

@@ -48,8 +48,12 @@ def logs(
     if not chosen:
         names = ", ".join(s.name for s in specs)
         raise UsageError(f"no process {process!r} in {topo.name}", hint=f"choose one of: {names}")
+    if follow and len(chosen) > 1:
+        names = ", ".join(s.name for s in specs)
+        raise UsageError("--follow follows one process's log: name it",
+                         hint=f"e.g. `pdctl logs -t {topo.file} {specs[0].name} -f`; the processes: {names}")
     with connected(topo.nodes, ssh) as hosts:
-        if follow and len(chosen) == 1:
+        if follow:
             follow_log(hosts[chosen[0].node], chosen[0].log_path, lines, sink, stop or threading.Event(), poll_s)
             return
         for spec in chosen:

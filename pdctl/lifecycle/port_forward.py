@@ -12,6 +12,7 @@ from pdctl.lifecycle.connect import connected
 from pdctl.lifecycle.launch import health
 from pdctl.plan import entry, plan
 from pdctl.remote import forward
+from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
@@ -36,8 +37,10 @@ def port_forward(topo: Topology, port: int | None, on_ready: Callable[[Forwardin
         if verdict != "ok":
             raise LaunchError(
                 f"{topo.name} is not up: the router at {router.url} on {router.node} does not answer ({verdict})",
-                hint="start it with `pdctl up -t <topology>`, or see `pdctl status`",
+                hint=f"start it with `pdctl up -t {topo.file}`, or see `pdctl status -t {topo.file}`",
             )
+        if port is None and isinstance(transport, LocalTransport):
+            port = 0  # the router itself holds its port on this machine: any free one
         listener = forward.listen(topo.router.port if port is None else port)
         local = f"http://127.0.0.1:{listener.getsockname()[1]}"
         on_ready(Forwarding(local, router.url, router.node))

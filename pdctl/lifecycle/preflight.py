@@ -48,7 +48,7 @@ def preflight(
     if problems:
         raise LaunchError(
             "preflight failed:\n  " + "\n  ".join(problems),
-            hint=f"free the ports (a previous deployment? `pdctl down -t <topology>` for {topo.name}) "
+            hint=f"free the ports (a previous deployment? `pdctl down -t {topo.file}` for {topo.name}) "
             "or change them in the topology",
         )
 

@@ -44,6 +44,10 @@ OPERATIONS: list[tuple[str, Callable[[Context], Operation]]] = [
     ("model.download", model.download),
 ]
 
+# Operations whose refusal in a preview stands whatever the earlier ones change (`model.download` refuses only a
+# `model.local_dir` without a model, which nothing before it creates).
+INDEPENDENT = frozenset({"model.download"})
+
 
 @dataclass
 class OpResult:
@@ -150,13 +154,26 @@ def run_operation(
     return result
 
 
-def provision_host(ctx: Context, transport: Transport, console: Console, runner: StepRunner) -> HostReport:
-    report = HostReport(ctx.node.name)
-    start = time.monotonic()
+def read_facts(ctx: Context, transport: Transport) -> PdctlError | None:
+    """Read the host's facts into `ctx` in one round trip; the error if the host could not answer."""
     ctx.facts = Facts(lambda facts: gather(transport, facts, ctx.layout))
-    name = escape(ctx.node.name)
     try:
         ctx.facts.prime(gather(transport, facts_for(ctx), ctx.layout))
+    except PdctlError as exc:
+        return exc
+    return None
+
+
+def provision_host(
+    ctx: Context, transport: Transport, console: Console, runner: StepRunner, read_error: PdctlError | None = None
+) -> HostReport:
+    """Run the operations on one host whose facts `read_facts` has read (`read_error`: it could not)."""
+    report = HostReport(ctx.node.name)
+    start = time.monotonic()
+    name = escape(ctx.node.name)
+    try:
+        if read_error is not None:
+            raise read_error
         for op_name, operation in OPERATIONS:
             report.results.append(run_operation(op_name, operation, ctx, transport, console, runner))
     except PdctlError as exc:
@@ -202,8 +219,10 @@ def provision(
     with _shipping(ctxs, wheel):
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
         by_node = {c.node.name: c for c in ctxs}
+        read = parallel(by_node, lambda n: read_facts(by_node[n], hosts[n]), max_workers=len(by_node))
+        _refuse_missing_weights([c for c in ctxs if read[c.node.name] is None])
         with StepRunner(console) as runner:
-            reports = list(parallel(by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner),
+            reports = list(parallel(by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner, read[n]),
                                     max_workers=len(by_node)).values())
     failed = [r for r in reports if r.error]
     if len(failed) == 1:
@@ -212,6 +231,17 @@ def provision(
         lines = "\n".join(f"  {r.node}: {r.error}" for r in failed)
         raise PdctlError(f"provisioning failed on {len(failed)} hosts:\n{lines}", failed[0].error.hint)  # type: ignore[union-attr]
     return reports
+
+
+def _refuse_missing_weights(ctxs: Sequence[Context]) -> None:
+    """A `model.local_dir` without a model fails the deployment whatever else changes: say so before any host
+    is changed (a venv and vLLM installed for nothing), naming every node that lacks it."""
+    missing = [e for e in (model.local_dir_missing(c) for c in ctxs) if e is not None]
+    if len(missing) == 1:
+        raise missing[0]
+    if missing:
+        lines = "\n".join(f"  {e.message}" for e in missing)
+        raise PdctlError(f"model.local_dir is missing on {len(missing)} nodes:\n{lines}", model.LOCAL_DIR_FIX)
 
 
 def preview_host(ctx: Context, transport: Transport, known: Mapping[str, Any] | None = None) -> HostPreview:
@@ -223,7 +253,7 @@ def preview_host(ctx: Context, transport: Transport, known: Mapping[str, Any] | 
         ctx.facts.prime({**(known or {}), **(gather(transport, wanted, ctx.layout) if wanted else {})})
         for op_name, operation in OPERATIONS:
             result = dry_run(op_name, operation, ctx)
-            if result.error is not None and report.changes:
+            if result.error is not None and report.changes and op_name not in INDEPENDENT:
                 result = dataclasses.replace(result, after_changes=True)
             report.previews.append(result)
     except PdctlError as exc:  # a fact's read failed: the host went away

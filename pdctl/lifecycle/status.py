@@ -105,6 +105,12 @@ class StatusReport:
         ok = all(p.alive and p.health == "ok" for p in self.processes)
         return bool(self.processes) and ok and not self.unreachable
 
+    @property
+    def not_running(self) -> bool:
+        """Nothing of the deployment found anywhere (after `down`, before `up`): one line, not a table of rows."""
+        return (self.state_file is None and self.slurm is None and not self.unreachable and not self.strays
+                and all(not p.alive for p in self.processes))
+
     def shared_gpus(self) -> dict[tuple[str, int], list[ProcessStatus]]:
         """(node, GPU id) -> the processes on it, for GPUs more than one process is given."""
         on: dict[tuple[str, int], list[ProcessStatus]] = {}
@@ -147,6 +153,8 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
             report.router = None  # one aggregated engine: clients talk to the engine itself
         elif router.node in report.unreachable:
             report.router = RouterStatus(router.url, error=f"{router.node} unreachable")
+        elif not rows[router.name].alive:
+            report.router = RouterStatus(router.url, error="the router is not running")
         else:
             report.router = router_stats(hosts[router.node], router.url, router.name)
         if len(routers) > 1:  # behind a load balancer: each router's own /stats, one row each
@@ -163,7 +171,7 @@ def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None)
     if transport is None or isinstance(transport, LocalTransport | SlurmTransport):
         return f"router: {router.url}"
     return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
-            f"`pdctl port-forward -t <topology> --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
+            f"`pdctl port-forward -t {topo.file} --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
 
 
 def _without_job(spec: ProcessSpec, job: SlurmStatus) -> ProcessStatus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -17,28 +18,38 @@ def _dur(seconds: float | None) -> str:
 
 
 def render_status(report: StatusReport, console: Console) -> None:
-    table = Table(title=f"{report.name}", title_justify="left", header_style="bold")
-    cols = ("process", "node", "pid", "alive", "health", "uptime", "run/wait", "KV", "xfers", "xfer fail",
-            "expired", "GPU MiB")
-    for col in cols:
+    """Two tables that fit 80 columns: the processes, then the engines' metrics (only for engines that serve)."""
+    if report.not_running:
+        where = ", ".join(sorted({p.node for p in report.processes}))
+        console.print(f"{report.name}: not running (no process of it on {where}, no state file)", highlight=False)
+        return
+    with_gpu = any(p.gpu_memory_mib is not None for p in report.processes)
+    table = Table(title=f"{report.name}", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for col in ("process", "node", "pid", "health", "uptime", *(["GPU MiB"] if with_gpu else [])):
         table.add_column(col, overflow="fold")
     for p in report.processes:
-        m = p.metrics
         table.add_row(
-            p.name,
-            p.node,
-            p.unit or (str(p.pid) if p.pid else "-"),
-            Text("yes", style="green") if p.alive else Text("no", style="red"),
-            Text(p.health, style="green" if p.health == "ok" else "red"),
-            _dur(p.uptime_s),
-            f"{m.running:g}/{m.waiting:g}" if m else "-",
-            f"{m.kv_cache_usage:.1%}" if m else "-",
-            f"{m.nixl_transfers:g}" if m else "-",
-            Text(f"{m.nixl_failures:g}", style="red" if m.nixl_failures else "") if m else "-",
-            f"{m.kv_expired:g}" if m else "-",
-            str(p.gpu_memory_mib) if p.gpu_memory_mib is not None else "-",
+            p.name, p.node, str(p.pid) if p.pid else "-",
+            Text(p.health, style="green" if p.health == "ok" else "red"), _dur(p.uptime_s),
+            *([str(p.gpu_memory_mib) if p.gpu_memory_mib is not None else "-"] if with_gpu else []),
         )
     console.print(table)
+    engines = [p for p in report.processes if p.metrics is not None]
+    if engines:
+        metrics = Table(header_style="bold", box=box.SIMPLE_HEAD)
+        for col in ("engine", "run/wait", "KV", "NIXL xfers", "failed", "expired"):
+            metrics.add_column(col, overflow="fold")
+        for p in engines:
+            m = p.metrics
+            assert m is not None
+            metrics.add_row(
+                p.name, f"{m.running:g}/{m.waiting:g}", f"{m.kv_cache_usage:.1%}", f"{m.nixl_transfers:g}",
+                Text(f"{m.nixl_failures:g}", style="red" if m.nixl_failures else ""), f"{m.kv_expired:g}",
+            )
+        console.print(metrics)
+    units = sorted({p.unit for p in report.processes if p.unit})
+    if units:
+        console.print(f"[dim]systemd units: {', '.join(units)}[/]", highlight=False)
     if report.slurm is not None:
         console.print(_slurm_line(report), highlight=False)
     for (node, gpu), procs in sorted(report.shared_gpus().items()):

@@ -122,7 +122,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             changed = live_changes.converge(topo, specs, hosts, store, state, console, live_changes.Changes(
                 decision.replace, decision.removed, [s.name for s in to_start]), timeout, opts.check)
         except KeyboardInterrupt:
-            console.print(f"interrupted: what started is recorded; `pdctl down -t <topology>` stops {topo.name}")
+            _interrupted(topo, specs, started, hosts, store, state, console)
             raise
         except LaunchError:
             _stop_started(topo, specs, started, hosts, store, state, console, "launch failed")
@@ -135,12 +135,15 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             console.print(f"smoke test: two turns through the {'router' if topo.has_router() else 'engine'}")
             try:
                 result = smoke_test(topo, router_url, hosts[entry(specs).node])
+            except KeyboardInterrupt:
+                _interrupted(topo, specs, started, hosts, store, state, console)
+                raise
             except SmokeTestError as exc:
                 # a deployment that failed its check must not stay up for the next `up` to call converged
                 if not started:
                     raise
                 _stop_started(topo, specs, started, hosts, store, state, console, "smoke test failed")
-                raise SmokeTestError(exc.message, hint=STOPPED_HINT) from None
+                raise SmokeTestError(exc.message, hint=stopped_hint(topo)) from None
             state.smoke = result.to_json()
             store.save(state)
             console.print(f"smoke test: turn 1 {result.turn1.outcome}, turn 2 [green]{result.turn2.outcome}[/] "
@@ -151,10 +154,30 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
     return Deployment(topo.name, router_url, dict(state.processes), specs, started, kept, result, changed)
 
 
-STOPPED_HINT = (
-    "what this `up` started is stopped again; the logs stay (`pdctl logs -t <topology> decode-0`); "
-    "`pdctl up --no-smoke-test` starts it without the check, to inspect it running"
-)
+def stopped_hint(topo: Topology) -> str:
+    return (f"what this `up` started is stopped again; the logs stay (`pdctl logs -t {topo.file} decode-0`); "
+            "`pdctl up --no-smoke-test` starts it without the check, to inspect it running")
+
+
+def _interrupted(
+    topo: Topology,
+    specs: Sequence[ProcessSpec],
+    started: list[str],
+    hosts: Mapping[str, Transport],
+    store: StateStore,
+    state: DeploymentState,
+    console: Console,
+) -> None:
+    """Ctrl-C: an `up` that did not finish leaves nothing of its own running (what ran before it stays)."""
+    if not started:
+        console.print(f"interrupted: nothing was started; `pdctl status -t {topo.file}` shows what runs")
+        return
+    try:
+        _stop_started(topo, specs, started, hosts, store, state, console, "interrupted")
+    except KeyboardInterrupt:  # a second Ctrl-C: leave the rest to `down`
+        console.print(f"interrupted again: `pdctl down -t {topo.file}` stops what is left of {topo.name}")
+        return
+    console.print(f"interrupted: stopped what this `up` started; `pdctl up -t {topo.file}` starts it again")
 
 
 def _stop_started(

@@ -15,6 +15,22 @@ def snapshot_fact(ctx: Context) -> ModelSnapshot:
     return ModelSnapshot(m.id, m.revision, ctx.topo.hf_home, m.local_dir)
 
 
+def local_dir_missing(ctx: Context) -> PdctlError | None:
+    """`model.local_dir` is set but holds no model on this engine node: nothing else provisioning does can fix
+    that, so `provision` asks before any host changes and `doctor` / `up --dry-run` report it as they find it."""
+    m = ctx.topo.model
+    if not ctx.vllm or not m.local_dir or ctx.facts.get(snapshot_fact(ctx)).present:
+        return None
+    return PdctlError(
+        f"{ctx.node.name}: model.local_dir {m.local_dir} has no config.json",
+        hint=LOCAL_DIR_FIX,
+    )
+
+
+LOCAL_DIR_FIX = ("copy the model there (scripts/make_dummy_model.py writes a random-weights one), "
+                 "or unset model.local_dir to download model.id")
+
+
 def download(ctx: Context) -> Operation:
     """Download the model at its revision unless its snapshot (or `model.local_dir`) is already there."""
     if not ctx.vllm:
@@ -26,12 +42,9 @@ def download(ctx: Context) -> Operation:
     if found.present:
         yield Noop(f"{m.id} at {found.path} ({found.files} files)")
         return
-    if m.local_dir:
-        raise PdctlError(
-            f"{ctx.node.name}: model.local_dir {m.local_dir} has no config.json",
-            hint="copy the model there (scripts/make_dummy_model.py writes a random-weights one), "
-            "or unset model.local_dir to download model.id",
-        )
+    missing = local_dir_missing(ctx)
+    if missing is not None:
+        raise missing
     hf_home = ctx.topo.hf_home or DEFAULT_HF_HOME
     rev = f" --revision {shlex.quote(m.revision)}" if m.revision else ""
     bin_dir = path(f"{ctx.venv_dir}/bin")

@@ -118,9 +118,9 @@ def bound(topo: Topology) -> Topology:
         return topo
     jobid, _ = recorded_job(topo, StateStore(topo.name))
     if jobid is None:
-        raise SlurmError(f"{topo.name} has no Slurm job", hint="start it with `pdctl up -t <topology>`")
+        raise SlurmError(f"{topo.name} has no Slurm job", hint=f"start it with `pdctl up -t {topo.file}`")
     info = job(jobid)
     if info is None or not info.running:
         what = info.describe() if info else f"job {jobid} is gone"
-        raise SlurmError(f"{topo.name}: {what}", hint="`pdctl up -t <topology>` submits a new job")
+        raise SlurmError(f"{topo.name}: {what}", hint=f"`pdctl up -t {topo.file}` submits a new job")
     return bind(topo, info)

@@ -26,7 +26,9 @@ def load_file(path: Path, overrides: list[str]) -> Topology:
         raise TopologyError([Problem(shown, None, "", "file not found", "pass an existing file with -t")]) from None
     except OSError as exc:
         raise TopologyError([Problem(shown, None, "", f"cannot read: {exc.strerror}")]) from None
-    return parse(decode(raw, shown), shown, overrides)
+    topo = parse(decode(raw, shown), shown, overrides)
+    topo._source = shown
+    return topo
 
 
 def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
@@ -36,11 +38,27 @@ def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
-        raise TopologyError([_problem(err, lines, shown) for err in exc.errors()]) from None
-    problems = [Problem(shown, _line(lines, loc), _dotted(loc), msg, hint) for loc, msg, hint in check(topo)]
+        raise TopologyError([_blame(_problem(err, lines, shown), _err_loc(err), overrides) for err in exc.errors()]
+                            ) from None
+    problems = [_blame(Problem(shown, _line(lines, loc), _dotted(loc), msg, hint), loc, overrides)
+                for loc, msg, hint in check(topo)]
     if problems:
         raise TopologyError(problems)
     return topo
+
+
+def _err_loc(err: Any) -> Loc:
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def _blame(problem: Problem, loc: Loc, overrides: list[str] | None) -> Problem:
+    """A problem in a value `--set` gave is the command line's, not a line of the file."""
+    for override in reversed(overrides or []):
+        key = override.partition("=")[0]
+        parts = [p for piece in key.replace("]", "").split(".") for p in piece.split("[")]
+        if len(parts) <= len(loc) and all(p == "*" or p == str(x) for p, x in zip(parts, loc, strict=False)):
+            return Problem(f"--set {override}", None, problem.key, problem.message, problem.hint)
+    return problem
 
 
 def _read_yaml(text: str, shown: str) -> tuple[dict[str, Any], dict[Loc, int]]:
@@ -64,7 +82,7 @@ def _line(lines: dict[Loc, int], loc: Loc) -> int | None:
 
 
 def _problem(err: Any, lines: dict[Loc, int], shown: str) -> Problem:
-    loc: Loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = _err_loc(err)
     kind = err["type"]
     if kind == "extra_forbidden":
         key = str(loc[-1])

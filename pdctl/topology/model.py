@@ -8,9 +8,10 @@ imports neither. A loaded topology is frozen.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from pdctl.defaults import (
     UCX_BLOCK_SIZE,
@@ -270,6 +271,12 @@ class Topology(Strict):
     work_dir: HostPath = Field("~/.pdctl", description="Per-node directory for logs and run files.")
     hf_home: HostPath | None = Field(None, description="HF_HOME on the nodes (model cache).")
     slurm: Slurm | None = Field(None, description="Run the deployment inside a Slurm allocation (see README).")
+    _source: str | None = PrivateAttr(None)  # the file it was read from, for the commands hints print
+
+    @property
+    def file(self) -> str:
+        """The topology file as a command line names it (`pdctl down -t FILE`), `<topology>` when not from one."""
+        return shlex.quote(self._source) if self._source else "<topology>"
 
     @field_validator("name")
     @classmethod

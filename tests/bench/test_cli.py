@@ -35,6 +35,7 @@ def test_leg_syntax() -> None:
         (["--api", "grpc"], "--api 'grpc' is not chat, completions, responses or messages"),
         (["--turns", "0"], "--turns must be at least 1"),
         (["--leg", "bad name:x=1"], "bad leg name"),
+        (["--leg", "bogus"], "--leg 'bogus' has no overrides and is not one of off, on"),
         (["--leg", "x:connector.bidirectional_kvxfer=true"], "bidirectional_kvxfer"),
         (["--no-redeploy", "--leg", "a:model.block_size=64"], "--leg overrides need a redeploy"),
         (["--profile", "huge"], "--profile 'huge' is not one of quick, full"),
@@ -56,3 +57,19 @@ def test_a_missing_corpus_is_refused_before_deploying(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "-t", str(topo), "--input", str(tmp_path / "nope.txt")])
     assert result.exit_code == 2
     assert "cannot read corpus" in result.stderr and "hint: pass an existing file" in result.stderr
+
+
+def test_a_bare_leg_name_is_a_default_leg_or_refused() -> None:
+    topo = Path(__file__).parents[2] / "configs" / "local-sim.yaml"
+    result = CliRunner().invoke(app, ["bench", "-t", str(topo), "--leg", "on", "--leg", "bogus"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        "Error: --leg 'bogus' has no overrides and is not one of off, on",
+        "hint: a leg is NAME:key=value,... (e.g. --leg b128:model.block_size=128); `--leg bogus:` benches the "
+        "topology as it is",
+    ]
+    from pdctl.bench.options import BenchArgs, bench_options
+
+    opts = bench_options(BenchArgs(topology=topo, legs=["on", "mine:"]))
+    assert [(leg.name, leg.overrides) for leg in opts.legs] == [("on", ("connector.bidirectional_kv_xfer=true",)),
+                                                               ("mine", ())]

@@ -37,7 +37,7 @@ def test_engine_that_dies_fails_up_with_its_log_and_leaves_nothing(
     assert state is not None and state.processes == {}
 
 
-def test_sigint_during_health_wait_then_down_leaves_nothing(
+def test_sigint_during_health_wait_stops_what_up_started(
     make_topo: MakeTopo, console: Console, tmp_path: Path
 ) -> None:
     venv = script_venv(tmp_path / "venv", "exec sleep 300")
@@ -63,9 +63,15 @@ def test_sigint_during_health_wait_then_down_leaves_nothing(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err.decode()
-    report = down(topo, console)
-    assert len(report.stopped["local"]) == 2
-    assert LocalTransport().find_by_marker(topo.name) == []
+    lines = err.decode().splitlines()
+    assert lines[-2:] == [
+        f"interrupted: stopped what this `up` started; `pdctl up -t {topo_file}` starts it again",
+        "interrupted",
+    ]
+    assert LocalTransport().find_by_marker(topo.name) == []  # Ctrl-C left no engine running
+    state = store.load()
+    assert state is not None and state.processes == {}
+    assert down(topo, console).nothing_was_running
     assert not store.path.exists()
 
 
@@ -82,7 +88,7 @@ def test_smoke_test_fails_loudly_when_turn_two_does_not_reuse(make_topo: MakeTop
                   "side channel is unreachable"):
         assert cause in message
     assert info.value.hint == (
-        "what this `up` started is stopped again; the logs stay (`pdctl logs -t <topology> decode-0`); "
+        f"what this `up` started is stopped again; the logs stay (`pdctl logs -t {topo.file} decode-0`); "
         "`pdctl up --no-smoke-test` starts it without the check, to inspect it running"
     )
     # nothing is left for the next `up` to call converged: it starts everything again, and checks again

@@ -19,4 +19,5 @@ def test_port_forward_to_a_deployment_that_is_not_up(make_topo: MakeTopo, tmp_pa
     assert result.exit_code == 1
     first = result.stderr.splitlines()[0]
     assert first.startswith(f"Error: {topo.name} is not up: the router at {router.url} on local does not answer (")
-    assert "hint: start it with `pdctl up -t <topology>`" in result.stderr
+    file = tmp_path / f"{topo.name}.yaml"
+    assert f"hint: start it with `pdctl up -t {file}`, or see `pdctl status -t {file}`" in result.stderr
