@@ -84,7 +84,8 @@ class RouterConfig:
     local_prefill_tokens: int = knob(
         LOCAL_PREFILL_TOKENS,
         "Conditional disaggregation: a turn whose decode already holds all but at most this many of the prompt's "
-        "tokens is computed there, without the prefill hop (text: new bytes bound new tokens); 0: always "
+        "tokens is computed there, without the prefill hop (text: its new bytes at the conversation's own tokens per "
+        "byte, learned from the decode's token ids; else its bytes bound its tokens); 0: always "
         "disaggregate. Needs --verify-prefix.",
     )
     local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
