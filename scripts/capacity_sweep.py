@@ -114,7 +114,7 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             "router.local_policy=work",
             agg_leg("agg", 2 * n), agg_leg("agg1", 1)]
     if args.profile == "eviction":
-        small = f"extra_args.prefill=[--num-gpu-blocks,{args.prefill_blocks}]"
+        small = f"extra_args.prefill=[--num-gpu-blocks,'{args.prefill_blocks}']"
         legs = [f"off-cached:connector.bidirectional_kv_xfer=false,{small}",
                 f"off-seed:connector.bidirectional_kv_xfer=false,prefill[*].prefix_caching=false,{small}",
                 f"on:connector.bidirectional_kv_xfer=true,{small}"]

@@ -3,7 +3,8 @@
 A leg with `bidirectional_kv_xfer` on may still move no KV at all: every warm turn on its decode alone (conditional
 disaggregation), or every one served from the prefill's own prefix cache. Its label says so: the measured share of
 each source of the warm turns' history KV (the router's X-PD-KV-Reuse, `pdctl.router.wire.source_of`), the D->P
-transfers and GiB per warm turn the prefills metered. Only a leg that moved KV from a decode is labelled
+transfers and GiB per warm turn the prefills metered (a leg not metered, a capacity run's: the turns that reported
+a read, `read=R` in their header, and GiB unknown). Only a leg that moved KV from a decode is labelled
 bidirectional; one that claims it and moved none is flagged.
 
     OFF                       bidirectional off (the prefill's prefix cache, or recompute, on every turn)
@@ -15,6 +16,7 @@ bidirectional; one that claims it and moved none is flagged.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -48,7 +50,7 @@ class LegPath:
 
     @property
     def moved_kv(self) -> bool:
-        return self.transfers_per_turn > 0 or self.gib_per_turn > 0
+        return self.transfers_per_turn > 0 or self.gib_per_turn > 0  # nan (unmetered) compares False
 
 
 def leg_path(leg: LegResult) -> LegPath:
@@ -57,6 +59,9 @@ def leg_path(leg: LegResult) -> LegPath:
     shares = {s: counts[s] / len(warm) for s in _NAMES} if warm else {}
     n = max(len(warm), 1)
     transfers, gib = leg.kv.transfers / n, leg.kv.bytes / 2**30 / n
+    if leg.kv.source == "none" and not leg.kv.transfers:
+        # Not metered (a capacity leg): the prefills' own reports in the turns' headers (read=R) say what moved.
+        transfers, gib = sum(1 for r in warm if r.reuse_read) / n, math.nan
     if leg.mode == "aggregated":
         return LegPath(leg.name, "aggregated", {}, len(warm), 0.0, 0.0)
     if not leg.bidirectional:
@@ -65,7 +70,7 @@ def leg_path(leg: LegResult) -> LegPath:
     path = _PATHS[top] if shares.get(top, 0.0) >= DOMINANT else "ON mixed"
     if path == "ON mixed" and shares.get(SOURCE_DECODE_READ, 0.0) > 0:
         path = "ON mixed (bidirectional)"
-    moved = leg.kv.transfers > 0 or leg.kv.bytes > 0
+    moved = transfers > 0 or leg.kv.bytes > 0
     flag = None
     if not moved:
         # Whatever the turns' headers said, nothing crossed from a decode: not a measurement of bidirectional

@@ -180,7 +180,7 @@ def _reuse_section(legs: list[LegResult]) -> list[str]:
         lines.append(
             f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {c.local} | "
             f"{_pct(p.shares.get(SOURCE_PREFILL_CACHE, math.nan))} | {kv.transfers} | "
-            f"{kv.bytes / 2**30:.2f} | {p.transfers_per_turn:.2f} | {p.gib_per_turn:.3f} | {kv.avg_xfer_ms:.1f} | "
+            f"{kv.bytes / 2**30:.2f} | {p.transfers_per_turn:.2f} | {_fmt(p.gib_per_turn, 3)} | {kv.avg_xfer_ms:.1f} | "
             f"{kv.source} |"
         )
     return lines

@@ -167,3 +167,18 @@ def test_a_leg_that_read_from_its_decodes_is_labelled_by_its_measured_shares() -
     p = paths.leg_path(on)
     assert p.path == "ON mixed (bidirectional)" and "D->P read 88%" in p.label and "local 12%" in p.label
     assert "transfers / warm turn | GiB / warm turn" in "\n".join(report._reuse_section([on]))
+
+
+def test_an_unmetered_leg_counts_the_reads_its_turns_reported() -> None:
+    """A capacity leg meters no prefill transfers (source none): the turns' read= say what moved, GiB unknown."""
+    import math
+
+    from pdctl.bench import paths
+
+    on = _warm_leg("on", True, "verified", read=700)
+    on.kv = KvTransfer()
+    p = paths.leg_path(on)
+    assert p.moved_kv and p.flag is None and p.transfers_per_turn == 1.0 and math.isnan(p.gib_per_turn)
+    assert "| - |" in "\n".join(report._reuse_section([on]))
+    on.records = [replace(r, reuse_reason="decode_local", reuse_read=None) for r in on.records]
+    assert paths.leg_path(on).flag is not None
