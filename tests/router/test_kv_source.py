@@ -51,8 +51,19 @@ def test_each_case_takes_the_cheapest_source(tmp_path: Path) -> None:
         assert reply.status == 200 and (r.outcome, r.reason, r.source) == ("hit", "verified", "decode_read"), r
         assert r.read is not None and 256 <= r.read <= 420 < r.tokens, r  # the reply (and a block), no history
         assert pd.prefill.metric(READS) == reads + 1
+        # Token ids (an agent's completions): the prefill checks them too, so its cache is the source here as well.
+        with httpx.Client(timeout=30) as client:
+            prompt, cid = [3000 + i for i in range(700)], uuid.uuid4().hex
+            for turn in range(2):
+                body = {"model": "Qwen", "prompt": prompt, "max_tokens": 8, "return_token_ids": True}
+                resp = client.post(f"{router.url}/v1/completions", json=body, headers={"X-Conversation-ID": cid})
+                assert resp.status_code == 200, resp.text
+                prompt = [*prompt, *resp.json()["choices"][0]["token_ids"], 9000 + turn]
+            r = _reuse(resp.headers)
+            assert (r.outcome, r.reason, r.read) == ("hit", "prefill_cached", 0), r
+        assert pd.prefill.metric(READS) == reads + 1
         stats = router.stats()
-        assert stats["reuse_reasons"]["prefill_cached"] == 1 and stats["reuse_reasons"]["verified"] == 1
+        assert stats["reuse_reasons"]["prefill_cached"] == 2 and stats["reuse_reasons"]["verified"] == 1
         # Decode restarted: the handle is dropped unread, the prefill computes what its own cache lacks.
         decode = restart_in_place(pd.decode, tmp_path / "cached")
         try:
