@@ -23,7 +23,8 @@ setting. The machine's cores are shared: numbers are noisy.
 --prefill-blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's;
 agent-shaped turns (tool results, long think times: --think-s 2-8); SLO p90 TTFT <= 500 ms and ITL p99 <= 200 ms.
 Legs: off-cached (bidirectional off, prefill prefix caching on: the honest baseline), off-seed (prefix caching off
-on the prefill too: the seed's), on (today's defaults). Each leg's report names the path it measured.
+on the prefill too: the seed's), on (today's defaults), on-prefill (every warm turn through a prefill, which reads
+from the decode what its cache lacks: router.local_prefill_tokens=0). Each leg's report names the path it measured.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from tests.conftest import free_port as ephemeral_port
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LEGS = "off,on,on-local,on-load,on-work,agg"
 _prefix = [""]  # --name-prefix: deployment names start with it
 _next_port = [0]  # --port-base: listen ports handed out upwards from it; 0: any free ephemeral port
 
@@ -117,8 +119,10 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
         small = f"extra_args.prefill=[--num-gpu-blocks,'{args.prefill_blocks}']"
         legs = [f"off-cached:connector.bidirectional_kv_xfer=false,{small}",
                 f"off-seed:connector.bidirectional_kv_xfer=false,prefill[*].prefix_caching=false,{small}",
-                f"on:connector.bidirectional_kv_xfer=true,{small}"]
-        args.legs = "off-cached,off-seed,on"
+                f"on:connector.bidirectional_kv_xfer=true,{small}",
+                f"on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0,{small}"]
+        if args.legs == DEFAULT_LEGS:
+            args.legs = "off-cached,off-seed,on,on-prefill"
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     legs = [leg if leg.startswith(("agg:", "agg1:")) else ",".join([leg, *args.set]) for leg in legs]
     if not args.fresh:
@@ -165,7 +169,7 @@ def main() -> int:
     p.add_argument("--num-blocks", type=int, default=H200_KV_BLOCKS,
                    help=f"KV blocks of 256 tokens per engine ({H200_KV_BLOCKS}: what an H200 holds for Qwen3-32B)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
-    p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
+    p.add_argument("--legs", default=DEFAULT_LEGS, help="which legs, comma-separated")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
     p.add_argument("--fresh", action="store_true",
