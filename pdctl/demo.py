@@ -4,7 +4,8 @@ writes (topology, process logs, report, plots) lies under one directory. Results
 
 With `--eviction` it then shows the case where bidirectional transfer matters (issue 29), beside the single-client
 one: 2 prefills behind 2 decodes, each prefill's KV smaller than the agent sessions' histories (its prefix cache
-evicts them), agent-shaped turns with think times; OFF with prefill caching on (the honest baseline) against ON.
+evicts them), agent-shaped turns with think times; OFF with prefill caching on (the honest baseline) against ON
+through the prefill (every warm turn reads from its decode what the prefill's cache lacks).
 Each case's report names the path each leg measured.
 """
 
@@ -104,7 +105,7 @@ def write_eviction_topology(opts: DemoOptions) -> Path:
     data["decode"] = [{"node": "local", "port": ports[i], "side_channel_port": ports[i + 1]} for i in (4, 6)]
     data["router"]["port"] = ports[8]
     data["model"] = {**data["model"], "block_size": 256}
-    data["sim"] = {"speed": 10.0, "num_blocks": 896, "args": ["--step-model", "h200-graphs"]}  # an H200's KV
+    data["sim"] = {"speed": opts.speed, "num_blocks": 896, "args": ["--step-model", "h200-graphs"]}  # an H200's KV
     data["extra_args"] = {"prefill": ["--num-gpu-blocks", str(opts.eviction_prefill_blocks)]}
     data["work_dir"] = str(opts.out / "eviction-run")
     path = opts.out / "eviction-topology.yaml"
@@ -132,8 +133,10 @@ def run_eviction(opts: DemoOptions, console: Console, progress: Progress,
             topology=path,
             workload=WorkloadSpec(lengths=(16,), conversations=1, turns=2, user_tokens=16, output_tokens=16,
                                   api="completions"),
+            # ON through the prefill (local_prefill_tokens 0): the default would run most warm turns on their
+            # decode alone, which is conditional disaggregation, not the transfer this case shows.
             legs=parse_legs(["off-cached:connector.bidirectional_kv_xfer=false",
-                             "on:connector.bidirectional_kv_xfer=true"]),
+                             "on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0"]),
             clients=1,
             capacity=CapacityOptions(agent, sessions=(opts.eviction_sessions,),
                                      slo=Slo.parse("ttft_p90=500,itl_p99=200")),

@@ -80,8 +80,9 @@ def print_outcome(result: BenchResult, files: ReportFiles, console: Console) -> 
     console.print(summary_table(result))
     for leg in result.legs:
         p = leg_path(leg)
-        console.print(f"leg {p.label}; {p.transfers_per_turn:.2f} D->P transfers and {p.gib_per_turn:.3f} GiB per "
-                      "warm turn", highlight=False)
+        gib = "GiB not metered" if math.isnan(p.gib_per_turn) else f"{p.gib_per_turn:.3f} GiB"
+        console.print(f"leg {p.label}; {p.transfers_per_turn:.2f} D->P transfers and {gib} per warm turn",
+                      highlight=False)
         if p.flag:
             console.print(f"[bold yellow]flag:[/] {p.flag}", highlight=False)
         if leg.passed:
