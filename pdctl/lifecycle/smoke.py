@@ -165,6 +165,9 @@ _BY_REASON = {
     wire.PREFIX_DIVERGED: "turn 2's prompt did not extend turn 1's tokens (chat template or tokenizer differs "
     "between router and engines)",
     wire.NEW_CONVERSATION: "the router did not tie the two turns together (conversation_id not honoured)",
+    wire.READ_NOT_WORTH: "turn 2's history was shorter than router.min_read_tokens and its prefill had none of it "
+    "cached, so it recomputed it (a tokenizer that makes far fewer tokens than the smoke text's 540+, or a "
+    "min_read_tokens above it)",
 }
 
 _HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"
