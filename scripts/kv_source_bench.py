@@ -73,6 +73,7 @@ def main() -> int:
                         records=[r for r in records if r.leg == name])
         leg.kv.transfers = meta[name]["kv_transfer"]["transfers"]
         leg.kv.bytes = meta[name]["kv_transfer"]["bytes"]
+        leg.kv.source = meta[name]["kv_transfer"]["source"]
         path = leg_path(leg)
         medians[name] = {n: percentile([r.ttft_ms for r in leg.records if r.length == n and r.turn >= 1 and r.ok
                                         and r.ttft_ms is not None], 50) for n in lengths}
