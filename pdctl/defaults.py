@@ -40,6 +40,13 @@ runs on that decode alone. On the simulated 1P1D and 2P2D it holds the most agen
 (docs/results/sim-capacity); 0 sends every warm turn through a prefill (needs verify_prefix: without the ids the
 router cannot tell what the decode holds, so the topology makes it 0 when verify_prefix is false)."""
 
+MIN_READ_TOKENS = 256
+"""The cheapest source of a warm turn's history (issue 29): a prefill reads a decode's KV only for at least this
+many tokens beyond what its own prefix cache holds; fewer it computes. A D->P read has a fixed cost, its wait for
+the read's completion (READBACK_WAIT_MS, 38 ms in the simulator's model), which 256 tokens of compute cost at 2k-24k
+of context (0.13-0.19 ms a token); a conversation whose history the prefill's cache holds then costs what OFF
+costs. 0: read whatever the prefill lacks."""
+
 LOCAL_POLICY: Literal["always", "load", "work"] = "load"
 """Which turns under local_prefill_tokens run on the decode alone: load, while the decode is not busy (with the
 prefill's prefix caching on, the default, it held the most sessions on the simulated 1P1D: sim-capacity run E)."""

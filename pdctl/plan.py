@@ -16,6 +16,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
@@ -317,6 +318,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
         argv.append("--verify-prefix" if r.verify_prefix else "--no-verify-prefix")
     if r.verify_prefix and r.verify_at != VERIFY_AT:
         argv += ["--verify-at", r.verify_at]
+    if r.verify_prefix and r.min_read_tokens != MIN_READ_TOKENS:
+        argv += ["--min-read-tokens", str(r.min_read_tokens)]
     if r.local_prefill_tokens != LOCAL_PREFILL_TOKENS:
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):

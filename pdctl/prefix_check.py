@@ -11,6 +11,15 @@ prompt's ids and before its scheduler counts a single remote token, compares its
 The verdict's rules are the router's own (pdctl/router/verify.py): a hit needs a strictly longer prompt; a
 partial keeps whole chunks of `chunk_tokens(block_size)` tokens (>= 256, a multiple of the block size).
 
+The cheapest source of the verified tokens' KV (issue 29): the prefill's own prefix cache, then the decode's KV,
+then recompute. The caller passes `cached`, the prompt tokens the prefill's prefix cache holds already (vLLM's
+`num_computed_tokens`); only `verified - cached` would cross the link. When that is fewer than the spec's
+`min_read` tokens (the router's estimate of a read's fixed cost: a handshake, the wait for the read's completion,
+in tokens of compute), the prefill reads nothing: `remote_num_tokens` 0, which still tells the decode to free the
+blocks. The report then says `prefill_cached` (the prefill's cache held all, or all but a few tokens it computes)
+or, with nothing cached, `read_not_worth` (a miss: too few tokens to be worth a read). The report carries `cached`
+and `read` (tokens the prefill reads from the decode) beside outcome, tokens and reason.
+
 Standard library only, and nothing of pdctl: the same file runs in the router, in pdctl's simulator and, copied
 verbatim by `pdctl.vllm_compat`, inside a vLLM prefill's scheduler.
 """
@@ -33,6 +42,8 @@ VERIFIED = "verified"
 PREFIX_DIVERGED = "prefix_diverged"
 PROMPT_NOT_LONGER = "prompt_not_longer"
 SPEC_INVALID = "prefix_spec_invalid"
+PREFILL_CACHED = "prefill_cached"
+READ_NOT_WORTH = "read_not_worth"
 
 
 def chunk_tokens(block_size: int) -> int:
@@ -59,12 +70,13 @@ def _full(links: list[bytes], ids: Sequence[int], step: int, n: int) -> bytes:
     return _digest(b"F" + (links[-1] if links else b""), ids[(n // step) * step:n])
 
 
-def spec(held: Sequence[int], n: int, block_size: int, partial: bool = True) -> dict[str, Any]:
-    """What the router sends for a handle whose decode holds `held[:n]`."""
+def spec(held: Sequence[int], n: int, block_size: int, partial: bool = True, min_read: int = 0) -> dict[str, Any]:
+    """What the router sends for a handle whose decode holds `held[:n]`; a read of fewer than `min_read` tokens
+    beyond the prefill's own cache is not made (module docstring)."""
     step = chunk_tokens(block_size)
     links = chain(held, step, n)
     return {"v": VERSION, "n": n, "block_size": block_size, "step": step, "partial": partial,
-            "chain": [d.hex() for d in links], "full": _full(links, held, step, n).hex()}
+            "chain": [d.hex() for d in links], "full": _full(links, held, step, n).hex(), "min_read": min_read}
 
 
 def _valid(s: Any) -> bool:
@@ -87,8 +99,14 @@ def _truncate(params: dict[str, Any], blocks: int) -> None:
         params["remote_block_ids"] = list(ids[:blocks])
 
 
-def check(params: dict[str, Any], prompt: Sequence[int]) -> dict[str, Any] | None:
-    """Verify the spec in `params` (taken out of it) against the prompt's ids, in place.
+def _min_read(s: dict[str, Any]) -> int:
+    m = s.get("min_read", 0)
+    return m if isinstance(m, int) and not isinstance(m, bool) and m > 0 else 0
+
+
+def check(params: dict[str, Any], prompt: Sequence[int], cached: int = 0) -> dict[str, Any] | None:
+    """Verify the spec in `params` (taken out of it) against the prompt's ids, in place; `cached`: the prompt
+    tokens the prefill's own prefix cache holds.
 
     Sets `remote_num_tokens` (and, for a partial, truncates `remote_block_ids` to the verified blocks) and puts the
     report under REPORT; returns the report, or None when `params` carries no spec.
@@ -113,7 +131,18 @@ def check(params: dict[str, Any], prompt: Sequence[int]) -> dict[str, Any] | Non
                 if same > 0 and s["partial"]:
                     outcome, tokens = "partial", same * step
                     _truncate(params, tokens // bs)
-    params["remote_num_tokens"] = tokens
-    report = {"outcome": outcome, "tokens": tokens, "reason": reason}
+    cached = max(0, min(cached, len(prompt)))
+    read = max(0, tokens - cached)
+    if tokens > 0 and (read == 0 or read < _min_read(s)):
+        # The prefill's own cache (or a short recompute) is the cheaper source: read nothing.
+        if cached > 0:
+            tokens, reason = min(cached, tokens), PREFILL_CACHED
+        else:
+            outcome, tokens, reason = "miss", 0, READ_NOT_WORTH
+        read = 0
+        params["remote_num_tokens"] = 0
+    else:
+        params["remote_num_tokens"] = tokens
+    report = {"outcome": outcome, "tokens": tokens, "reason": reason, "cached": cached, "read": read}
     params[REPORT] = report
     return report

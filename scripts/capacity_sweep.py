@@ -17,6 +17,14 @@ setting. The machine's cores are shared: numbers are noisy.
     python scripts/capacity_sweep.py --topologies 1p1d --legs on-local,on-work,agg --sessions 16,32 --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs on,agg --sessions 32,48 --fresh --out /tmp/cap
     python scripts/capacity_sweep.py --topologies 1p1d --legs agg,agg1 --sessions 8,16 --out /tmp/cap
+    python scripts/capacity_sweep.py --profile eviction --sessions 4,8,16 --out /tmp/cap-eviction
+
+`--profile eviction` (issue 29): where bidirectional transfer matters. 2P2D; each prefill's KV holds
+--prefill-blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's;
+agent-shaped turns (tool results, long think times: --think-s 2-8); SLO p90 TTFT <= 500 ms and ITL p99 <= 200 ms.
+Legs: off-cached (bidirectional off, prefill prefix caching on: the honest baseline), off-seed (prefix caching off
+on the prefill too: the seed's), on (today's defaults), on-prefill (every warm turn through a prefill, which reads
+from the decode what its cache lacks: router.local_prefill_tokens=0). Each leg's report names the path it measured.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from tests.conftest import free_port as ephemeral_port
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LEGS = "off,on,on-local,on-load,on-work,agg"
+_prefix = [""]  # --name-prefix: deployment names start with it
 _next_port = [0]  # --port-base: listen ports handed out upwards from it; 0: any free ephemeral port
 
 
@@ -69,7 +79,7 @@ def topology(shape: str, speed: float, max_num_seqs: int, work: Path, num_blocks
     """configs/local-sim.yaml on free ports, with `shape` (1p1d / 2p2d) instances and the step model."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "configs" / "local-sim.yaml").read_text())
     n = int(shape[0])
-    data["name"] = f"capacity-{shape}{tag}"
+    data["name"] = f"{_prefix[0]}capacity-{shape}{tag}"
     data["prefill"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     data["decode"] = [{"node": "local", "port": free_port(), "side_channel_port": free_port()} for _ in range(n)]
     # A finished turn's blocks stay pinned on its decode for decoder_kv_blocks_ttl seconds of wall time, which
@@ -105,6 +115,14 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             f"on-work:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens={args.local_tokens},"
             "router.local_policy=work",
             agg_leg("agg", 2 * n), agg_leg("agg1", 1)]
+    if args.profile == "eviction":
+        small = f"extra_args.prefill=[--num-gpu-blocks,'{args.prefill_blocks}']"
+        legs = [f"off-cached:connector.bidirectional_kv_xfer=false,{small}",
+                f"off-seed:connector.bidirectional_kv_xfer=false,prefill[*].prefix_caching=false,{small}",
+                f"on:connector.bidirectional_kv_xfer=true,{small}",
+                f"on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0,{small}"]
+        if args.legs == DEFAULT_LEGS:
+            args.legs = "off-cached,off-seed,on,on-prefill"
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     legs = [leg if leg.startswith(("agg:", "agg1:")) else ",".join([leg, *args.set]) for leg in legs]
     if not args.fresh:
@@ -151,7 +169,7 @@ def main() -> int:
     p.add_argument("--num-blocks", type=int, default=H200_KV_BLOCKS,
                    help=f"KV blocks of 256 tokens per engine ({H200_KV_BLOCKS}: what an H200 holds for Qwen3-32B)")
     p.add_argument("--busy-streams", type=int, default=4, help="on-load: router.local_busy_streams")
-    p.add_argument("--legs", default="off,on,on-local,on-load,on-work,agg", help="which legs, comma-separated")
+    p.add_argument("--legs", default=DEFAULT_LEGS, help="which legs, comma-separated")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a topology override for every P/D leg, e.g. 'prefill[*].prefix_caching=false' (repeatable)")
     p.add_argument("--fresh", action="store_true",
@@ -161,9 +179,20 @@ def main() -> int:
                    "ranges apart, below the ephemeral range (e.g. 20000, 20500, ...)")
     p.add_argument("--tag", default="", help="deployment name suffix: sweeps running at once need distinct names "
                    "(pdctl up stops the processes of a deployment of the same name)")
+    p.add_argument("--name-prefix", default="", help="deployment names start with it (an engineer's tag)")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "pdctl-capacity")
+    p.add_argument("--profile", choices=("default", "eviction"), default="default",
+                   help="eviction: 2P2D, prefills whose cache cannot hold the sessions, off-cached/off-seed/on")
+    p.add_argument("--prefill-blocks", type=int, default=160,
+                   help="--profile eviction: KV blocks of 256 tokens per prefill (160: 41k tokens)")
     args = p.parse_args()
+    if args.profile == "eviction":
+        args.topologies = "2p2d" if args.topologies == "1p1d,2p2d" else args.topologies
+        args.slo = "ttft_p90=500,itl_p99=200" if args.slo == "ttft_p90=500" else args.slo
+        args.think_s = "2-8" if args.think_s == "0.5-3" else args.think_s
+        args.tag = args.tag or "eviction"
     _next_port[0] = args.port_base
+    _prefix[0] = args.name_prefix
     slo = capacity.Slo.parse(args.slo)
     with tempfile.TemporaryDirectory(prefix="capacity-") as tmp:
         for shape in args.topologies.split(","):
@@ -179,10 +208,11 @@ def main() -> int:
             top = max(pd_legs, key=lambda leg: best[leg])
             agg = best.get("agg", 0)  # measured: one aggregated engine per GPU behind the router
             agg1_bound = best.get("agg1", 0) * gpus  # one engine's sessions times the GPUs, split perfectly
-            print(f"\nbest P/D leg: {top} with {best[top]} sessions; off {best.get('off', 0)}; "
+            base = "off-cached" if "off-cached" in best else "off"
+            print(f"\nbest P/D leg: {top} with {best[top]} sessions; {base} {best.get(base, 0)}; "
                   f"agg {agg} on {gpus} GPUs; agg1 {best.get('agg1', 0)} on 1 GPU, at most {agg1_bound} on {gpus}")
-            off = best.get("off", 0)
-            print(f"{top}/off = {best[top] / off:.2f}x" if off else f"{top}/off: off holds no session")
+            off = best.get(base, 0)
+            print(f"{top}/{base} = {best[top] / off:.2f}x" if off else f"{top}/{base}: {base} holds no session")
             if "agg" in best:
                 print(f"{top}/agg on {gpus} GPUs = {best[top] / agg:.2f}x" if agg else "agg holds no session")
     return 0

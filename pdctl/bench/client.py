@@ -138,6 +138,7 @@ async def send(
             reuse = wire.Reuse.parse(resp.headers.get(wire.REUSE_HEADER))
             if reuse.outcome != "absent":
                 rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason or None
+                rec.reuse_read = reuse.read
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             else:

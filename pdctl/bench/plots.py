@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from pdctl.bench.capacity import Point, Slo
+from pdctl.bench.paths import leg_path, title_suffix
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stages import STAGES, StageRow
 from pdctl.bench.stats import SummaryRow, lengths_of, warm_mean
@@ -56,7 +57,7 @@ def prefill_splits(result: BenchResult, rows: list[SummaryRow]) -> list[PrefillS
     for leg in result.legs:
         for length in lengths_of(leg.records):
             total = warm_mean(rows, leg.name, length, "prefill_ms")
-            kv = _kv_ms_per_request(leg, length) if leg.bidirectional else 0.0
+            kv = _kv_ms_per_request(leg, length) if leg_path(leg).moved_kv else 0.0
             out.append(PrefillSplit(leg.name, length, total, min(kv, total) if not math.isnan(total) else kv))
     return out
 
@@ -82,7 +83,7 @@ def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
         ax.plot(lengths, ys, marker="o", label=_leg_label(leg))
     ax.set_xlabel("prompt length at turn 1 (tokens of history)")
     ax.set_ylabel("mean TTFT of turns 2+ (ms)")
-    ax.set_title(f"Multi-turn TTFT vs prompt length — {label(result)}")
+    ax.set_title(_title("Multi-turn TTFT vs prompt length", result), fontsize=8)
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.legend()
@@ -100,7 +101,7 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
         compute = [_nz(by_len[n].compute_ms) if n in by_len else 0.0 for n in lengths]
         kv = [_nz(by_len[n].kv_ms) if n in by_len else 0.0 for n in lengths]
         color = colors[i % len(colors)]
-        if leg.bidirectional:
+        if leg_path(leg).moved_kv:  # a leg that moved nothing draws no KV-transfer bar
             ax.bar(xs, kv, width, color=color, alpha=0.45, hatch="//", label=f"{leg.name}: KV transfer (D→P)")
             ax.bar(xs, compute, width, bottom=kv, color=color, label=f"{leg.name}: compute")
         else:
@@ -108,7 +109,7 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_xlabel("prompt length at turn 1 (tokens of history)")
     ax.set_ylabel("mean prefill duration of turns 2+ (ms, X-PD-Prefill-Ms)")
-    ax.set_title(f"Prefill duration per length — {label(result)}")
+    ax.set_title(_title("Prefill duration per length", result), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     _save(plt, fig, path)
@@ -165,7 +166,7 @@ def plot_stages(result: BenchResult, rows: list[StageRow], path: Path) -> None:
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_xlabel("prompt length at turn 1 (tokens of history)")
     ax.set_ylabel("mean TTFT of turns 2+ (ms), by stage")
-    ax.set_title(f"Where warm-turn TTFT goes — {label(result)}")
+    ax.set_title(_title("Where warm-turn TTFT goes", result), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     _save(plt, fig, path)
@@ -184,7 +185,13 @@ def _save(plt: ModuleType, fig: Any, path: Path) -> None:
 
 
 def _leg_label(leg: LegResult) -> str:
-    return f"{leg.name} (bidirectional {'on' if leg.bidirectional else 'off'})"
+    """The path the leg measured, with each source's share (pdctl.bench.paths), never only what it asked for."""
+    return leg_path(leg).label
+
+
+def _title(what: str, result: BenchResult) -> str:
+    """A plot's title: what it shows, the engines, and each leg's measured path on a line of its own."""
+    return f"{what} — {label(result)}\n{title_suffix(result.legs)}"
 
 
 def _nz(x: float) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pdctl.router.wire import RouterStats
+from pdctl.router.wire import RouterStats, source_of
 
 
 @dataclass
@@ -39,11 +39,19 @@ class RequestRecord:
     reuse: str | None = None
     reuse_tokens: int | None = None
     reuse_reason: str | None = None
+    reuse_read: int | None = None  # tokens the prefill read from the decode (X-PD-KV-Reuse read=)
     request_id: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.status == 200
+
+    @property
+    def source(self) -> str | None:
+        """Where this turn's history KV came from (pdctl.router.wire.source_of); None without a router's header."""
+        if self.reuse not in ("hit", "partial", "miss"):
+            return None
+        return source_of(self.reuse, self.reuse_reason or "", self.reuse_read)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

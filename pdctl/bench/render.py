@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pdctl.bench.paths import leg_path
 from pdctl.bench.plots import label
 from pdctl.bench.records import BenchResult, RequestRecord
 from pdctl.bench.report import ReportFiles
@@ -78,6 +79,12 @@ def summary_table(result: BenchResult) -> Table:
 def print_outcome(result: BenchResult, files: ReportFiles, console: Console) -> None:
     console.print(summary_table(result))
     for leg in result.legs:
+        p = leg_path(leg)
+        gib = "GiB not metered" if math.isnan(p.gib_per_turn) else f"{p.gib_per_turn:.3f} GiB"
+        console.print(f"leg {p.label}; {p.transfers_per_turn:.2f} D->P transfers and {gib} per warm turn",
+                      highlight=False)
+        if p.flag:
+            console.print(f"[bold yellow]flag:[/] {p.flag}", highlight=False)
         if leg.passed:
             console.print(f"[green]leg {leg.name}: passed[/]", highlight=False)
         for failure in leg.failures:

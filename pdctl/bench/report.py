@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdctl.bench import capacity, plots, stages
+from pdctl.bench.paths import leg_path
+from pdctl.bench.paths import paths as leg_paths
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, percentile, ratios, reuse_counts, summarize
+from pdctl.router.wire import SOURCE_PREFILL_CACHE
 
 REQUESTS_JSON = "requests.json"
 LEGS_JSON = "legs.json"
@@ -121,15 +124,19 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
         "",
         "## Legs",
         "",
-        "| leg | overrides | bidirectional | requests | result |",
-        "|---|---|---|---|---|",
+        "| leg | overrides | bidirectional | requests | result | path measured (warm turns) |",
+        "|---|---|---|---|---|---|",
     ]
+    measured = {p.leg: p for p in leg_paths(result.legs)}
     for leg in result.legs:
         state = "pass" if leg.passed else "**FAIL**: " + "; ".join(leg.failures)
         lines.append(
             f"| {leg.name} | {', '.join(leg.overrides) or '(as deployed)'} | {_onoff(leg)} | "
-            f"{len(leg.records)} | {state} |"
+            f"{len(leg.records)} | {state} | {measured[leg.name].label.removeprefix(leg.name + ': ')} |"
         )
+    flags = [p.flag for p in measured.values() if p.flag]
+    if flags:
+        lines += [""] + [f"**Flag**: {f}." for f in flags]
     lines += ["", "## TTFT of turns 2+ (ms): mean / median / p90", ""]
     head = "| length | " + " | ".join(names) + " | " + " | ".join(f"{names[0]}/{n}" for n in names[1:])
     lines += [head.rstrip(" |") + " |", "|---" * (len(names) * 2) + "|"]
@@ -166,16 +173,17 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
 
 def _reuse_section(legs: list[LegResult]) -> list[str]:
     lines = ["", "## KV reuse (router `X-PD-KV-Reuse`, turns 2+) and prefill-side KV transfer", ""]
-    lines += ["| leg | warm turns | hit | partial | miss | hit rate | on the decode alone | transfers | GiB | "
-              "avg transfer ms | source |"]
-    lines += ["|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| leg | warm turns | hit | partial | miss | hit rate | on the decode alone | from the prefill's cache "
+              "| transfers | GiB | transfers / warm turn | GiB / warm turn | avg transfer ms | source |"]
+    lines += ["|---" * 14 + "|"]
     for leg in legs:
         c = reuse_counts(leg.records)
-        kv = leg.kv
+        kv, p = leg.kv, leg_path(leg)
         lines.append(
             f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {c.local} | "
-            f"{kv.transfers} | "
-            f"{kv.bytes / 2**30:.2f} | {kv.avg_xfer_ms:.1f} | {kv.source} |"
+            f"{_pct(p.shares.get(SOURCE_PREFILL_CACHE, math.nan))} | {kv.transfers} | "
+            f"{kv.bytes / 2**30:.2f} | {p.transfers_per_turn:.2f} | {_fmt(p.gib_per_turn, 3)} | {kv.avg_xfer_ms:.1f} | "
+            f"{kv.source} |"
         )
     return lines
 

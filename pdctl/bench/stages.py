@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pdctl.bench.records import KvTransfer, LegResult, RequestRecord
 from pdctl.bench.stats import lengths_of
+from pdctl.router.wire import DECODE_LOCAL
 
 STAGES = ("router in", "prefill hop", "D->P read", "P->D pull", "decode first token", "router out")
 
@@ -45,10 +46,12 @@ def stage_rows(legs: list[LegResult]) -> list[StageRow]:
 
 def _row(leg: LegResult, length: int, warm: list[RequestRecord]) -> StageRow:
     ttft = statistics.fmean(float(r.ttft_ms or 0.0) for r in warm)
-    reused = sum(1 for r in warm if r.reuse in ("hit", "partial"))
-    read = _per(leg.kv_by_length.get(length), reused) if leg.bidirectional else 0.0
+    # Means over every warm turn: a turn that read nothing (its history in the prefill's cache, or on its decode
+    # alone) adds 0 to the D->P read, and a turn on its decode alone pulled nothing from a prefill (issue 29).
+    read = _per(leg.kv_by_length.get(length), len(warm)) if leg.bidirectional else 0.0
     pulls = leg.pull_by_length.get(length)
-    pull = pulls.avg_xfer_ms if pulls is not None else 0.0
+    through = sum(1 for r in warm if r.reuse_reason != DECODE_LOCAL)
+    pull = pulls.avg_xfer_ms * through / len(warm) if pulls is not None else 0.0
     router_in = _mean(warm, "router_in_ms")
     prefill = _mean(warm, "prefill_ms")
     decode = _mean(warm, "decode_ms")
@@ -71,7 +74,7 @@ def _mean(recs: list[RequestRecord], name: str) -> float:
 
 
 def _per(kv: KvTransfer | None, turns: int) -> float:
-    """One span's read time per turn that read (only reusing turns read the decode's blocks)."""
+    """One span's read time per turn of `turns` (the warm turns: a mean over them)."""
     if kv is None or not turns or math.isnan(kv.xfer_ms):
         return 0.0
     return kv.xfer_ms / turns

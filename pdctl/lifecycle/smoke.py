@@ -20,12 +20,14 @@ from pdctl.router.wire import Reuse, RouterStats
 from pdctl.secret import bearer
 from pdctl.topology import Topology
 
-# Long enough that turn 2's history is well over kv_recompute_threshold tokens on any tokenizer.
+# Long enough that turn 2's history is well over kv_recompute_threshold and router.min_read_tokens (256) tokens on
+# any tokenizer (540+): on a topology of several prefills turn 2 may land on one that never saw turn 1, and must
+# then read the history from the decode rather than recompute it as too short to be worth a read (issue 29).
+_WORDS = ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+          "kestrel", "lumen", "marble", "nectar", "onyx", "prairie", "quartz", "raven", "saffron", "tundra"]
 FIRST = (
     "We are testing a disaggregated serving deployment. "
-    + " ".join(f"Item {i} of the list is the word {w}." for i, w in enumerate(
-        ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
-         "kestrel", "lumen", "marble", "nectar", "onyx", "prairie", "quartz", "raven", "saffron", "tundra"]))
+    + " ".join(f"Item {i} of the list is the word {w}." for i, w in enumerate(_WORDS * 3))
     + " Repeat the first three words."
 )
 SECOND = "Now name the last word of the list."
@@ -163,6 +165,9 @@ _BY_REASON = {
     wire.PREFIX_DIVERGED: "turn 2's prompt did not extend turn 1's tokens (chat template or tokenizer differs "
     "between router and engines)",
     wire.NEW_CONVERSATION: "the router did not tie the two turns together (conversation_id not honoured)",
+    wire.READ_NOT_WORTH: "turn 2's history was shorter than router.min_read_tokens and its prefill had none of it "
+    "cached, so it recomputed it (a tokenizer that makes far fewer tokens than the smoke text's 540+, or a "
+    "min_read_tokens above it)",
 }
 
 _HINT = "the deployment is left running to inspect: `pdctl status`, `pdctl logs decode-0`; `pdctl down` stops it"

@@ -11,6 +11,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
@@ -80,10 +81,17 @@ class RouterConfig:
         "prefill_unchecked) or router (a /tokenize of the whole prompt before the prefill hop). Token ids: "
         "the router, either way.",
     )
+    min_read_tokens: int = knob(
+        MIN_READ_TOKENS,
+        "The cheapest source of a warm turn's history: its prefill reads the decode's KV only for at least this "
+        "many tokens beyond what the prefill's own prefix cache holds (fewer it computes: reason prefill_cached); "
+        "0: read whatever it lacks.",
+    )
     local_prefill_tokens: int = knob(
         LOCAL_PREFILL_TOKENS,
         "Conditional disaggregation: a turn whose decode already holds all but at most this many of the prompt's "
-        "tokens is computed there, without the prefill hop (text: new bytes bound new tokens); 0: always "
+        "tokens is computed there, without the prefill hop (text: its new bytes at the conversation's own tokens per "
+        "byte, learned from the decode's token ids; else its bytes bound its tokens); 0: always "
         "disaggregate. Needs --verify-prefix.",
     )
     local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
@@ -176,6 +184,8 @@ class RouterConfig:
                 f"--expiry-margin ({self.expiry_margin:g}s) must be below --decoder-kv-blocks-ttl "
                 f"({self.decoder_kv_blocks_ttl:g}s), or no handle would ever be usable"
             )
+        if self.min_read_tokens < 0:
+            problems.append(f"--min-read-tokens must be >= 0, got {self.min_read_tokens}")
         if self.local_prefill_tokens < 0:
             problems.append(f"--local-prefill-tokens must be >= 0, got {self.local_prefill_tokens}")
         if self.local_policy not in POLICIES:

@@ -1,11 +1,13 @@
 """The router's public signals, written and read here only: the `X-PD-*` headers and the `/stats` document.
 
-    X-PD-KV-Reuse: <outcome>;tokens=<N>;reason=<reason>     what the router did with the decode's KV this turn
+    X-PD-KV-Reuse: <outcome>;tokens=<N>[;read=<R>];reason=<reason>   what the router did with the decode's KV
         outcome  hit | partial | miss
-        tokens   prompt tokens not recomputed: read from a decode (a hit or partial through the prefill, as the
-                 prefill verified them), or, on a local turn (reason decode_local), the conversation's tokens the
-                 decode's prefix cache holds, whole blocks: what it reuses of them is its own match, never more
-        reason   one of REASONS (why a hit, why a miss)
+        tokens   prompt tokens not recomputed: read from a decode or held by the prefill's own prefix cache (a hit
+                 or partial through the prefill, as the prefill verified them; reason prefill_cached: the prefill's
+                 cache alone), or, on a local turn (reason decode_local), the conversation's tokens the decode's
+                 prefix cache holds, whole blocks: what it reuses of them is its own match, never more
+        reason   one of REASONS (why a hit, why a miss); with SOURCE_OF a turn's source of its history's KV
+        read     tokens the prefill read from the decode (D->P), where the prefill reported it (verify_at prefill)
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
     X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
 
@@ -50,6 +52,9 @@ PREFILL_UNCHECKED = "prefill_unchecked"  # miss: the prefill does not run pdctl'
 PREFIX_SPEC_INVALID = "prefix_spec_invalid"  # miss: the prefill could not read the router's digests of the handle
 PREFILL_FAILED = "prefill_failed"  # the prefill failed reading the handle; it was retried as a miss
 PREFILL_REDONE = "prefill_redone"  # the decode could not use the prefill's KV; the prefill ran again
+PREFILL_CACHED = "prefill_cached"  # hit: the prefill's own prefix cache held the history (all, or all but fewer
+# than router.min_read_tokens, which it computed): nothing was read from the decode, whose blocks are freed
+READ_NOT_WORTH = "read_not_worth"  # miss: fewer than router.min_read_tokens to read and none cached: recomputed
 N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
 # Served whole on a prefill (router.overflow_kv: the decode was short of KV): hit when the conversation's last turn
 # ran there too (its prefix cache holds it), miss when it moved there; tokens 0 (the router does not know what the
@@ -59,7 +64,25 @@ REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
     NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, RELEASED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
     TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1, WHOLE_PREFILL,
+    PREFILL_CACHED, READ_NOT_WORTH,
 })
+
+# Where a warm turn's history KV came from (issue 29): the cheapest source, in this order.
+SOURCE_PREFILL_CACHE = "prefill_cache"  # the prefill's own prefix cache (nothing moved from the decode)
+SOURCE_DECODE_READ = "decode_read"  # a D->P read of what the prefill lacked
+SOURCE_DECODE_LOCAL = "decode_local"  # the turn ran on its decode alone (its prefix cache; nothing moved)
+SOURCE_RECOMPUTE = "recompute"  # a miss: the prefill computed what its own cache lacked
+
+
+def source_of(outcome: str, reason: str, read: int | None = None) -> str:
+    """The source of a turn's history KV, from its X-PD-KV-Reuse outcome, reason and read."""
+    if reason == DECODE_LOCAL:
+        return SOURCE_DECODE_LOCAL
+    if reason == PREFILL_CACHED or (outcome in ("hit", "partial") and read == 0):
+        return SOURCE_PREFILL_CACHE
+    if outcome in ("hit", "partial"):
+        return SOURCE_DECODE_READ
+    return SOURCE_RECOMPUTE
 
 
 @dataclass(frozen=True)
@@ -69,10 +92,17 @@ class Reuse:
     outcome: ReadOutcome
     tokens: int = 0
     reason: str = ""
+    read: int | None = None  # tokens the prefill read from the decode, where it said (None: not reported)
 
     @property
     def header(self) -> str:
-        return f"{self.outcome};tokens={self.tokens};reason={self.reason}"
+        read = f";read={self.read}" if self.read is not None else ""  # before reason: reason stays last
+        return f"{self.outcome};tokens={self.tokens}{read};reason={self.reason}"
+
+    @property
+    def source(self) -> str:
+        """Where the turn's history KV came from (`source_of`)."""
+        return source_of(self.outcome, self.reason, self.read)
 
     def raw(self) -> tuple[bytes, bytes]:
         """The header as an ASGI (name, value) pair."""
@@ -98,7 +128,8 @@ class Reuse:
         tokens = fields.get("tokens", "0")
         if not tokens.isdigit():
             return _malformed(value, f"tokens={tokens!r} is not a count")
-        return cls(outcome, int(tokens), fields.get("reason", ""))
+        read = fields.get("read")
+        return cls(outcome, int(tokens), fields.get("reason", ""), int(read) if read and read.isdigit() else None)
 
     @classmethod
     def parse_list(cls, value: str | None) -> list[Reuse]:

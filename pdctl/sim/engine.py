@@ -247,7 +247,7 @@ class Engine:
         hit = hit_blocks * pool.block_size
         if d2p:  # as pdctl's patch to vLLM's scheduler: before a single remote token is counted
             if cfg.prefix_check:
-                prefix_check.check(params, req.prompt)
+                prefix_check.check(params, req.prompt, hit)  # what its own prefix cache holds
             limit = min(int(params.get("remote_num_tokens") or 0), n)  # vLLM: `or 0`; the router sends 0 + a spec
         else:  # the decode's pull: every prompt token the prefill computed
             limit = min(int(params.get("remote_num_tokens") or n), n)

@@ -11,6 +11,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
@@ -39,6 +40,13 @@ class Router(Strict):
         description="Where the prefix is verified: prefill (the prefill checks the router's digests of the held "
         "tokens against its own tokenization, before it reads anything; pdctl patches vLLM for it) or router (a "
         "/tokenize of the whole prompt on the critical path, for a vLLM pdctl cannot patch).",
+    )
+    min_read_tokens: int = Field(
+        MIN_READ_TOKENS,
+        ge=0,
+        description="The cheapest source of a warm turn's history: a prefill reads the decode's KV only for at "
+        "least this many tokens beyond what its own prefix cache holds, and computes fewer itself (reason "
+        "prefill_cached); 0: read whatever it lacks.",
     )
     local_prefill_tokens: int = Field(
         LOCAL_PREFILL_TOKENS,

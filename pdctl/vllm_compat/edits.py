@@ -114,7 +114,7 @@ _PREFIX_V0_26_0 = (
         # check() takes the spec out of params: asked again while the request waits for blocks, it is a no-op.
         insert="""
             if params is not None and "pdctl_prefix" in params and params.get("do_remote_decode"):
-                pdctl_check(params, request.prompt_token_ids or [])
+                pdctl_check(params, request.prompt_token_ids or [], num_computed_tokens)
         """,
         marker=PREFIX_MARKER,
     ),

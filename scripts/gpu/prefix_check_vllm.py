@@ -173,8 +173,11 @@ def run(e: Engines) -> list[tuple[bool | None, str]]:
     reads, got = e.read_by_p(before, expect=True)
     report = p.get(REPORT)
     want = {"outcome": "hit", "tokens": len(a.held), "reason": "verified"}
+    # The report also says what the prefill's own cache held and what it read (issue 29): read = tokens - cached.
+    verdict = {k: (report or {}).get(k) for k in want}
+    cached, read = (report or {}).get("cached", 0), (report or {}).get("read", len(a.held))
     out, _ = e.decode(prompt, p)
-    lines.append((report == want and reads > 0 and got > 0,
+    lines.append((verdict == want and read == len(a.held) - cached and reads > 0 and got > 0,
                   f"hit: {REPORT}={json.dumps(report)}, P read {reads} transfers {_mb(got)}; "
                   f"(info) {_same(out, e.cold(prompt))}"))
 

@@ -28,7 +28,8 @@ prefill:
   - {{node: local, port: {free_port()}, side_channel_port: {free_port()}, prefix_caching: false}}
 decode:
   - {{node: local, port: {free_port()}, side_channel_port: {free_port()}}}
-router: {{node: local, port: {free_port()}, local_prefill_tokens: 0}}  # every warm turn through the P/D handshake
+router: {{node: local, port: {free_port()}, local_prefill_tokens: 0, min_read_tokens: 0}}  # every warm turn through
+# the P/D handshake, and its D->P read however short the history (the cheapest-source rule, issue 29, is off)
 sim: {{speed: 100, num_blocks: 4000}}
 python: {{venv: null}}
 work_dir: {tmp_path / "work"}

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pdctl.bench import report
+from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
 from pdctl.bench.stats import percentile, ratios, summarize
 from tests.bench.recorded import bench
 
@@ -119,3 +121,64 @@ def test_the_report_splits_warm_ttft_into_stages_with_a_stacked_plot(tmp_path: P
     # in 5, prefill 40 = 30 + read 10, decode 50 = pull 6 + 44, out = 100 - 5 - 40 - 50
     assert "| on | 2000 | 2 | 100.0 | 5.0 | 30.0 | 10.0 | 6.0 | 44.0 | 5.0 |" in md
     assert "ttft_stages.png" in md
+
+
+def _warm_leg(name: str, bidirectional: bool, reason: str, outcome: str = "hit", read: int | None = None,
+              transfers: int = 0, nbytes: float = 0.0) -> LegResult:
+    recs = [RequestRecord(leg=name, length=2000, conversation_id=f"c{i}", turn=t, api="chat", status=200,
+                          ttft_ms=100.0, output_num_tokens=8, reuse=outcome if t else "miss",
+                          reuse_reason=reason if t else "new_conversation", reuse_read=read if t else None)
+            for i in range(4) for t in range(3)]
+    leg = LegResult(name, [], bidirectional, True, records=recs)
+    leg.kv = KvTransfer(transfers=transfers, bytes=nbytes, source="metrics")
+    return leg
+
+
+@pytest.mark.parametrize(("reason", "read"), [("decode_local", None), ("prefill_cached", 0), ("verified", None)])
+def test_a_leg_that_moved_no_kv_cannot_be_labelled_bidirectional(tmp_path: Path, reason: str,
+                                                                 read: int | None) -> None:
+    """Issue 29: the demo's "ON" leg ran every warm turn on the decode alone (0 transfers, 0 GiB) while its plots
+    said "bidirectional on". Whatever its turns' headers say, a leg that moved nothing from a decode is flagged,
+    and neither its label, its plot titles nor its table row calls it bidirectional."""
+    from pdctl.bench import paths, plots
+
+    off, on = _warm_leg("off", False, "not_eligible", "miss"), _warm_leg("on", True, reason, read=read)
+    result = BenchResult("t", True, {}, [off, on])
+    p = paths.leg_path(on)
+    assert not p.moved_kv and p.flag is not None and "moved no KV" in p.flag
+    assert "bidirectional" not in p.label.lower() and "via prefill" not in p.label, p.label
+    assert "bidirectional" not in plots._leg_label(on).lower()
+    assert "bidirectional" not in plots.title_suffix([on]).lower()
+    md = report.write(result, tmp_path / "out").report.read_text()
+    assert "**Flag**: leg on has bidirectional_kv_xfer on but moved no KV" in md
+    row = next(line for line in md.splitlines() if line.startswith("| on | (as deployed) |"))
+    assert "bidirectional" not in row.split(" | ")[-1].lower(), row
+    assert paths.leg_path(off).label == "off: OFF" and paths.leg_path(off).flag is None
+
+
+def test_a_leg_that_read_from_its_decodes_is_labelled_by_its_measured_shares() -> None:
+    from pdctl.bench import paths
+
+    on = _warm_leg("on", True, "verified", read=700, transfers=8, nbytes=8 * 2**30)
+    p = paths.leg_path(on)
+    assert p.moved_kv and p.flag is None and p.transfers_per_turn == 1.0 and p.gib_per_turn == 1.0
+    assert p.label == "on: ON via prefill (bidirectional) (D->P read 100%)"
+    on.records[4] = replace(on.records[4], reuse_reason="decode_local", reuse_read=None)
+    p = paths.leg_path(on)
+    assert p.path == "ON mixed (bidirectional)" and "D->P read 88%" in p.label and "local 12%" in p.label
+    assert "transfers / warm turn | GiB / warm turn" in "\n".join(report._reuse_section([on]))
+
+
+def test_an_unmetered_leg_counts_the_reads_its_turns_reported() -> None:
+    """A capacity leg meters no prefill transfers (source none): the turns' read= say what moved, GiB unknown."""
+    import math
+
+    from pdctl.bench import paths
+
+    on = _warm_leg("on", True, "verified", read=700)
+    on.kv = KvTransfer()
+    p = paths.leg_path(on)
+    assert p.moved_kv and p.flag is None and p.transfers_per_turn == 1.0 and math.isnan(p.gib_per_turn)
+    assert "| - |" in "\n".join(report._reuse_section([on]))
+    on.records = [replace(r, reuse_reason="decode_local", reuse_read=None) for r in on.records]
+    assert paths.leg_path(on).flag is not None

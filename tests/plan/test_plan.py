@@ -213,3 +213,16 @@ def test_the_overflow_threshold_reaches_the_router_only_when_it_is_not_the_defau
         assert router.argv[router.argv.index("--overflow-kv") + 1] == flag
     with pytest.raises(TopologyError, match="overflow_kv"):
         load(ROOT / "configs/local-sim.yaml", ["router.overflow_kv=1.5"])
+
+
+def test_min_read_tokens_reaches_the_router_where_it_differs_from_its_default() -> None:
+    from pdctl.errors import TopologyError
+    from pdctl.router.config import RouterConfig
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--min-read-tokens" not in router.argv  # 256: the router's own default (pdctl.defaults)
+    assert RouterConfig(prefill=("http://p",), decode=("http://d",)).min_read_tokens == 256
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.min_read_tokens=0"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--min-read-tokens") + 1] == "0"
+    with pytest.raises(TopologyError, match="min_read_tokens"):
+        load(ROOT / "configs/local-sim.yaml", ["router.min_read_tokens=-1"])

@@ -46,6 +46,10 @@ def start_router(log_dir: Path, prefill: Sequence[str], decode: Sequence[str], *
     # unless a test asks for it.
     if not any(a.startswith("--local-prefill-tokens") for a in args):
         args = ("--local-prefill-tokens", "0", *args)
+    # ... and so do their D->P reads of short histories: the cheapest-source rule (--min-read-tokens, issue 29)
+    # is off unless a test asks for it.
+    if not any(a.startswith("--min-read-tokens") for a in args):
+        args = ("--min-read-tokens", "0", *args)
     argv = [sys.executable, "-m", "pdctl", "router", "serve", "--host", "127.0.0.1", "--port", str(port),
             *(a for u in prefill for a in ("--prefill", u)), *(a for u in decode for a in ("--decode", u)),
             "--model", SERVED, "--block-size", str(BLOCK), "--health-interval", "0.5", *args]

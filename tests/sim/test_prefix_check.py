@@ -39,7 +39,8 @@ def test_an_extended_prompt_is_verified_and_read(pair: SimPair) -> None:
     r = prefill(pair.prefill_url, {"prompt": [*held, *range(30000, 30050)]}, checked(handle, held))
     assert r.status_code == 200, r.text
     n = handle["remote_num_tokens"]
-    assert r.json()["kv_transfer_params"][REPORT] == {"outcome": "hit", "tokens": n, "reason": "verified"}
+    assert r.json()["kv_transfer_params"][REPORT] == {"outcome": "hit", "tokens": n, "reason": "verified",
+                                                     "cached": 0, "read": n}
     assert wait_until(lambda: pair.prefill.metric(READS) == reads + 1)  # P read D's blocks back
     assert pair.prefill.metric(CORRUPT) == 0
 
@@ -50,7 +51,7 @@ def test_an_edited_history_reads_only_what_matches(pair: SimPair) -> None:
     edited = [*held[:300], 7, *held[301:], *range(50000, 50050)]
     r = prefill(pair.prefill_url, {"prompt": edited}, checked(handle, held))
     assert r.json()["kv_transfer_params"][REPORT] == {"outcome": "partial", "tokens": 256,
-                                                      "reason": "prefix_diverged"}
+                                                      "reason": "prefix_diverged", "cached": 0, "read": 256}
     held2, handle2 = turn(pair, 60000)
     r = prefill(pair.prefill_url, {"prompt": [7, *held2[1:], 1]}, checked(handle2, held2))
     assert r.json()["kv_transfer_params"][REPORT]["outcome"] == "miss"

@@ -154,7 +154,7 @@ def test_hit_counts_every_held_token(modules: Loaded) -> None:
 
     assert _scheduler(patched).get_num_new_matched_tokens(request, 0) == (HELD, True)
     assert params["remote_num_tokens"] == HELD and FIELD not in params
-    assert params[REPORT] == {"outcome": "hit", "tokens": HELD, "reason": "verified"}
+    assert params[REPORT] == {"outcome": "hit", "tokens": HELD, "reason": "verified", "cached": 0, "read": HELD}
     assert params["remote_block_ids"] == _handle()["remote_block_ids"]
     # asked again while the request waits for blocks: the spec is gone, the verdict stays
     assert _scheduler(patched).get_num_new_matched_tokens(request, 0) == (HELD, True)
@@ -169,7 +169,22 @@ def test_diverged_history_reads_the_whole_chunks_before_the_edit(modules: Loaded
     assert _scheduler(patched).get_num_new_matched_tokens(_request(params, _edited(300)), 0) == (256, True)
     assert params["remote_num_tokens"] == 256
     assert params["remote_block_ids"] == [list(range(100, 116))]
-    assert params[REPORT] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged"}
+    assert params[REPORT] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged",
+                             "cached": 0, "read": 256}
+
+
+def test_the_prefill_cache_hit_decides_the_source(modules: Loaded) -> None:
+    """The patched scheduler gives the check vLLM's num_computed_tokens (its own prefix cache's hit): a cache that
+    holds all but a few tokens reads nothing, one that holds part reads only what it lacks (issue 29)."""
+    patched = modules.patched
+    prompt = [*_held(), *range(5000, 5100)]
+    params = {**_handle(with_spec=False), FIELD: spec(_held(), HELD, BLOCK, min_read=256)}
+    assert _scheduler(patched).get_num_new_matched_tokens(_request(params, prompt), 592) == (0, False)
+    assert params[REPORT] == {"outcome": "hit", "tokens": 592, "reason": "prefill_cached", "cached": 592, "read": 0}
+    params = {**_handle(with_spec=False), FIELD: spec(_held(), HELD, BLOCK, min_read=256)}
+    assert _scheduler(patched).get_num_new_matched_tokens(_request(params, prompt), 256) == (HELD - 256, True)
+    assert params[REPORT] == {"outcome": "hit", "tokens": HELD, "reason": "verified", "cached": 256,
+                              "read": HELD - 256}
 
 
 def test_a_partial_below_the_recompute_threshold_reads_nothing(modules: Loaded) -> None:
@@ -185,7 +200,7 @@ def test_miss_reads_nothing(modules: Loaded, prompt: list[int], reason: str) -> 
 
     assert _scheduler(patched).get_num_new_matched_tokens(_request(params, prompt), 0) == (0, False)
     assert params["remote_num_tokens"] == 0
-    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason}
+    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason, "cached": 0, "read": 0}
     assert params["remote_block_ids"] == _handle()["remote_block_ids"]  # kept: vLLM frees them on the decode
 
 
@@ -226,7 +241,8 @@ def test_request_finished_returns_the_report(modules: Loaded) -> None:
     delay, answer = scheduler.request_finished(request, ([7, 8, 9],))
 
     assert delay is True
-    assert answer["pdctl_reuse"] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged"}
+    assert answer["pdctl_reuse"] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged",
+                                    "cached": 0, "read": 256}
     theirs = _request(dict(params), request.prompt_token_ids)
     theirs.status, theirs.num_computed_tokens = request.status, 700
     _, vllms = _scheduler(original).request_finished(theirs, ([7, 8, 9],))

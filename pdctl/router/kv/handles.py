@@ -43,10 +43,13 @@ UNREAD = "unread"
 @dataclass(frozen=True)
 class History:
     """A turn's prompt and reply as the next request repeats them: `size` messages (chat) or characters (a text
-    prompt), and their salted in-process hash."""
+    prompt), and their salted in-process hash; `tokens` the decode's token ids for them (0: not known) and `nbytes`
+    their text's bytes, the conversation's own tokens per byte (turn/history.py)."""
 
     size: int
     key: int
+    tokens: int = 0
+    nbytes: int = 0
 
 
 @dataclass

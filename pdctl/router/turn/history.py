@@ -1,5 +1,15 @@
 """What a handle's decode last ran, and how much a new request adds to it, known without tokenizing the prompt.
 
+How many tokens it adds is learned from the engines themselves (issue 29): the decode's answer carries the token
+ids of the turn it ran (its prompt and its output), so the router knows how many tokens the conversation's text so
+far made, and how many bytes that text has: the conversation's own tokens per byte. The new text's bytes times that
+ratio (with CALIBRATION_MARGIN to spare: the new text may tokenize denser), plus the template's markers, is the
+estimate; it is never above the byte bound below, which is what a conversation without token ids gets. A wrong
+estimate costs time, never correctness: the decode's own prefix cache computes exactly what matches, whichever way
+the turn went.
+
+The byte bound (the fallback):
+
 Placement (local.py) runs a warm turn on the decode that holds its conversation when that decode lacks at most
 `local_prefill_tokens` of the prompt. The router knows which tokens the decode holds (the handle's, and
 what local turns computed since) but not, without a /tokenize, how the new prompt tokenizes. What it does know is
@@ -21,6 +31,7 @@ A token-id completion needs no estimate: its ids are compared with the decode's,
 
 from __future__ import annotations
 
+import math
 from array import array
 from typing import Any
 
@@ -33,6 +44,9 @@ from pdctl.router.turn.verify import as_tokens
 
 PER_MESSAGE_TOKENS = 16
 TAIL_TOKENS = 16
+# The learned tokens-per-byte ratio, times this: new text denser than the conversation so far (code in a chat,
+# numbers in a tool result) still counts as at most its share.
+CALIBRATION_MARGIN = 1.5
 # Request fields that change how the whole history renders: a request differing in one extends nothing.
 _RENDER = ("model", "tools", "chat_template", "chat_template_kwargs", "documents", "add_special_tokens")
 
@@ -60,14 +74,26 @@ def _chat_chain(body: dict[str, Any], extra: dict[str, Any] | None = None) -> li
 def history(ctx: RequestContext, capture: Capture) -> History | None:
     """This turn's prompt and the reply the client got, as the conversation's next request must repeat them."""
     body = ctx.body
+    tokens = len(capture.prompt_ids) + len(capture.output_ids) if capture.prompt_ids and capture.ids_seen else 0
     if ctx.chat:
-        chain = _chat_chain(body, {"role": "assistant", **capture.reply()})
-        return History(len(chain) - 1, chain[-1])
+        reply = {"role": "assistant", **capture.reply()}
+        chain = _chat_chain(body, reply)
+        nbytes = sum(_message_bytes(m) for m in [*body.get("messages", ()), reply])
+        return History(len(chain) - 1, chain[-1], tokens, nbytes)
     text = prompt_text(body.get("prompt"))
     if not isinstance(text, str):
         return None
     text += "".join(capture.text)
-    return History(len(text), hash((_root(body), text)))
+    return History(len(text), hash((_root(body), text)), tokens, _bytes(text))
+
+
+def _estimate(h: History, new_bytes: int, markers: int) -> int:
+    """The new text's tokens: its bytes bound them (byte-level BPE; the simulator's words), and, with the
+    conversation's own tokens per byte known, its bytes at that ratio (with the margin) do, more tightly."""
+    bound = new_bytes + markers
+    if h.tokens <= 0 or h.nbytes <= 0:
+        return bound
+    return min(bound, math.ceil(new_bytes * h.tokens * CALIBRATION_MARGIN / h.nbytes) + markers)
 
 
 def _bytes(text: str) -> int:
@@ -103,9 +129,9 @@ def added_tokens(ctx: RequestContext, h: History | None) -> int | None:
         if any(isinstance(m, dict) and isinstance(m.get("content"), list)
                and any(not isinstance(c, dict) or c.get("type") != "text" for c in m["content"]) for m in new):
             return None  # an image's or audio's tokens are not bounded by its URL's bytes
-        return TAIL_TOKENS + sum(_message_bytes(m) + PER_MESSAGE_TOKENS for m in new)
+        return _estimate(h, sum(_message_bytes(m) for m in new), TAIL_TOKENS + PER_MESSAGE_TOKENS * len(new))
     text = prompt_text(body.get("prompt"))
     if not isinstance(text, str) or len(text) <= h.size or hash((_root(body), text[:h.size])) != h.key:
         return None
-    return TAIL_TOKENS + _bytes(text[h.size:])
+    return _estimate(h, _bytes(text[h.size:]), TAIL_TOKENS)
 

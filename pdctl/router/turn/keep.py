@@ -37,7 +37,7 @@ def new_handle(state: RouterState, ctx: RequestContext, capture: Capture, d: Ups
     now, cfg = state.handles.clock(), state.config
     held = as_tokens(capture.held_tokens())
     n = capture.params.get("remote_num_tokens")
-    spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse)
+    spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse, cfg.min_read_tokens)
             if cfg.verify_prefix and cfg.verify_at == "prefill" and held is not None and isinstance(n, int)
             and n > 0 else None)
     state.handles.put(Handle(cid, capture.params, d.url, held, now, now + cfg.handle_lifetime, key,

@@ -6,7 +6,9 @@ computes. The rules are verify.py's; this is where they meet the request.
     verify_at prefill         -> the handle goes to the prefill with the held tokens' digests; the prefill verifies
                                  against its own tokenization (text and chat: nothing on the way there)
     verify_at router          -> the prefill's /tokenize, then the comparison here
-A token-id prompt is compared here in either mode: that costs no tokenizer.
+A token-id prompt is compared here with verify_at router; with verify_at prefill its handle goes to the prefill
+with the digests too, since only the prefill knows what its own prefix cache holds (the cheapest source of the
+history, pdctl.prefix_check), and the router keeps the ids for placement.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ async def _verdict(state: RouterState, ctx: RequestContext, p: Upstream) -> tupl
     if not cfg.verify_prefix:
         return Verdict("hit", wire.UNVERIFIED, h.num_tokens, hit_params(h.params)), None
     ids = token_ids(ctx)
-    if ids is None and cfg.verify_at == "prefill":
-        return at_prefill(h.params, h.spec), None
+    if cfg.verify_at == "prefill" and (ids is None or h.spec is not None):
+        # Token ids too: only the prefill knows what its own prefix cache holds, so it checks them and takes the
+        # cheapest source (pdctl.prefix_check); the router keeps the ids for placement and the prefill's prompt.
+        return at_prefill(h.params, h.spec), ids
     if ids is None:
         ids = await tokenize(state, ctx, p)
     if ids is None:

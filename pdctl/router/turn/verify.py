@@ -20,6 +20,7 @@ from typing import Any
 
 from pdctl import prefix_check
 from pdctl.router.wire import (
+    PREFILL_CACHED,
     PREFIX_DIVERGED,
     PROMPT_NOT_LONGER,
     REASONS,
@@ -51,11 +52,12 @@ class Verdict:
     params: dict[str, Any]
     # The prefill verifies: until its answer is read (`settle`), outcome and tokens are what a hit would be.
     pending: bool = False
+    read: int | None = None  # tokens the prefill read from the decode, as it reported (settle)
 
     @property
     def reuse(self) -> Reuse:
         """What the client is told (X-PD-KV-Reuse)."""
-        return Reuse(self.outcome, self.tokens, self.reason)
+        return Reuse(self.outcome, self.tokens, self.reason, self.read)
 
     @property
     def header(self) -> str:
@@ -161,7 +163,13 @@ def settle(v: Verdict, answer: dict[str, Any] | None) -> Verdict | None:
         return None
     if not 0 <= tokens <= v.tokens or (outcome == "miss") != (tokens == 0):
         return None
-    if outcome == "hit" and tokens != v.tokens:
+    if outcome == "hit" and tokens != v.tokens and reason != PREFILL_CACHED:
         return None
+    read = report.get("read")
+    read = read if isinstance(read, int) and not isinstance(read, bool) and 0 <= read <= tokens else None
+    if reason == PREFILL_CACHED:
+        read = 0
     assert isinstance(reason, str)
-    return miss(reason) if outcome == "miss" else Verdict(outcome, reason, tokens, v.params)
+    if outcome == "miss":
+        return miss(reason)  # nothing read: no read= in the header
+    return Verdict(outcome, reason, tokens, v.params, read=read)
