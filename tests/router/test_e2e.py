@@ -84,7 +84,8 @@ def test_stats_and_metrics(router: RouterProc) -> None:
                 "prefill", "decode", "uptime_s", "version"):
         assert key in stats
     assert stats["reuse"]["hit"] >= 1 and 0 < stats["hit_rate"] <= 1 and stats["live_handles"] >= 1
-    assert set(stats["prefill"][0]) == {"url", "healthy", "outstanding", "work", "failures", "generation"}
+    assert set(stats["prefill"][0]) == {"url", "healthy", "outstanding", "work", "failures", "generation", "draining",
+                                       "held"}
     text = conv.client.get(router.url + "/metrics").text
     for series in ("pdctl_router_requests_total", "pdctl_router_kv_reuse_total", "pdctl_router_reused_tokens_total",
                    "pdctl_router_prefill_duration_seconds_bucket", "pdctl_router_ttft_seconds_bucket",

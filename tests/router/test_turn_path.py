@@ -71,7 +71,7 @@ class StageCalls:
 def traced_router(pd: SimPair, request: pytest.FixtureRequest) -> Iterator[tuple[str, StageCalls]]:
     local_tokens = request.param
     config = RouterConfig(prefill=(pd.prefill_url,), decode=(pd.decode_url,), model=SERVED, block_size=BLOCK,
-                          local_prefill_tokens=local_tokens, health_interval=30.0)
+                          local_prefill_tokens=local_tokens, min_read_tokens=0, health_interval=30.0)
     port = free_port()
     app = create_app(config)
     stages = StageCalls(app.state)  # type: ignore[attr-defined]
