@@ -12,6 +12,27 @@ from pathlib import Path
 
 from pdctl.errors import UsageError
 
+# Shipped topologies (by topology name) written for pdctl's own GPU host (docs/gpu-run.md): the fields a user must
+# set for theirs, with the values they carry there. `validate` names the ones still at that value.
+OWN_HOST: dict[str, dict[str, str]] = {
+    "h200-1gpu": {"model.local_dir": "/root/models/qwen3-8b-dummy", "python.venv": "/opt/torch/.venv",
+                  "python.wheelhouse": ".gpu/wh/wheels"},
+    "h200x2": {"model.local_dir": "/root/models/qwen3-32b-dummy", "python.venv": "/opt/torch/.venv",
+               "python.wheelhouse": ".gpu/wh/wheels"},
+}
+
+
+def own_host_fields(name: str, topology: object) -> list[str]:
+    """The fields of `topology` (named `name`) that still carry pdctl's own GPU host's values."""
+    fields = []
+    for path, value in OWN_HOST.get(name, {}).items():
+        obj: object = topology
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        if obj is not None and str(obj) == value:
+            fields.append(path)
+    return fields
+
 
 @dataclass(frozen=True)
 class Example:

@@ -17,8 +17,9 @@ from typer.core import TyperGroup
 from pdctl import __version__
 from pdctl.cli.errors import DEBUG, reported
 from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
-from pdctl.cli.output import out, say
+from pdctl.cli.output import err, out, say
 from pdctl.cli.support import load_topology
+from pdctl.examples import own_host_fields
 from pdctl.lifecycle.planned import planned
 from pdctl.plan_view import plan_json, render_plan
 
@@ -93,6 +94,10 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
         f"[green]ok[/] {topo.name}: {len(topo.prefill)} prefill, {len(topo.decode)} decode, "
         f"engine {topo.engine}, {len(topo.nodes)} node(s)"
     )
+    own = own_host_fields(topo.name, topo)
+    if own:
+        say(err, f"note: {topo.name} is written for pdctl's own GPU host (docs/gpu-run.md); for yours set "
+                 f"{', '.join(own)} (docs/cluster-guide.md)")
 
 
 @app.command()
