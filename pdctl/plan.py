@@ -247,7 +247,7 @@ def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: 
     argv += ["--host", r.bind or node.address, "--port", str(r.port), "--mode", "aggregated"]
     argv += [a for e in engines for a in ("--decode", e.url)]
     argv += ["--model", topo.model.name]
-    return _router_spec(topo, argv + _client_side(topo))
+    return _router_spec(topo, argv + _tracing(topo) + _client_side(topo))
 
 
 def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> ProcessSpec:
@@ -277,7 +277,13 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str) -> Pro
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
-    return _router_spec(topo, argv + _client_side(topo))
+    return _router_spec(topo, argv + _tracing(topo) + _client_side(topo))
+
+
+def _tracing(topo: Topology) -> list[str]:
+    """The router's OTLP exporter (router.otlp_endpoint), in either mode."""
+    r = topo.router
+    return ["--otlp-endpoint", r.otlp_endpoint] if r.otlp_endpoint else []
 
 
 def _client_side(topo: Topology) -> list[str]:

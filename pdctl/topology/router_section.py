@@ -87,6 +87,14 @@ class Router(Strict):
         "and its conversation's later turns stay on that prefill while it is below it. 0 or null: off.",
     )
 
+    otlp_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="OpenTelemetry traces of every turn (one span per turn, a child per stage, the client's W3C "
+        "traceparent as parent): the OTLP/HTTP collector the router exports to, e.g. http://collector:4318 (spans "
+        "go to /v1/traces). Headers for it (an API key): OTEL_EXPORTER_OTLP_HEADERS in env.router. null: off.",
+    )
+
     conversation_headers: list[str] | None = Field(
         None,
         description="Headers naming a request's conversation, in order of precedence (after the body's "

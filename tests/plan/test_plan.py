@@ -213,3 +213,18 @@ def test_the_overflow_threshold_reaches_the_router_only_when_it_is_not_the_defau
         assert router.argv[router.argv.index("--overflow-kv") + 1] == flag
     with pytest.raises(TopologyError, match="overflow_kv"):
         load(ROOT / "configs/local-sim.yaml", ["router.overflow_kv=1.5"])
+
+
+def test_the_otlp_endpoint_reaches_the_router_only_when_set() -> None:
+    from pdctl.errors import PdctlError
+    from pdctl.router.server.options import config_parameters
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--otlp-endpoint" not in router.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.otlp_endpoint=http://collector:4318"]),
+                        SELF_PYTHON)
+    i = router.argv.index("--otlp-endpoint")
+    assert router.argv[i + 1] == "http://collector:4318"
+    assert "otlp_endpoint" in {p.name for p in config_parameters()}
+    with pytest.raises(PdctlError):
+        load(ROOT / "configs/local-sim.yaml", ["router.otlp_endpoint=collector:4318"])

@@ -45,7 +45,8 @@ def test_an_edited_history_is_never_reused_wrongly(router: RouterProc, pd: SimPa
     conv.messages[-2]["content"] = "a 3rd question"  # an edit late in the history: the chunks before it verify
     reply = conv.turn("a fourth question")
     assert reply.status == 200
-    assert reply.reuse == f"partial;tokens={chunk_tokens(BLOCK)};reason=prefix_diverged"
+    chunk = chunk_tokens(BLOCK)
+    assert reply.reuse == f"partial;tokens={chunk};block={chunk // BLOCK};reason=prefix_diverged"
     assert corrupt(pd.prefill, pd.decode) == 0
 
 

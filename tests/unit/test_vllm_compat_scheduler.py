@@ -169,7 +169,7 @@ def test_diverged_history_reads_the_whole_chunks_before_the_edit(modules: Loaded
     assert _scheduler(patched).get_num_new_matched_tokens(_request(params, _edited(300)), 0) == (256, True)
     assert params["remote_num_tokens"] == 256
     assert params["remote_block_ids"] == [list(range(100, 116))]
-    assert params[REPORT] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged"}
+    assert params[REPORT] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged", "diverged_at": 256}
 
 
 def test_a_partial_below_the_recompute_threshold_reads_nothing(modules: Loaded) -> None:
@@ -185,7 +185,8 @@ def test_miss_reads_nothing(modules: Loaded, prompt: list[int], reason: str) -> 
 
     assert _scheduler(patched).get_num_new_matched_tokens(_request(params, prompt), 0) == (0, False)
     assert params["remote_num_tokens"] == 0
-    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason}
+    where = {"diverged_at": 0} if reason == "prefix_diverged" else {}
+    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason, **where}
     assert params["remote_block_ids"] == _handle()["remote_block_ids"]  # kept: vLLM frees them on the decode
 
 
@@ -226,7 +227,8 @@ def test_request_finished_returns_the_report(modules: Loaded) -> None:
     delay, answer = scheduler.request_finished(request, ([7, 8, 9],))
 
     assert delay is True
-    assert answer["pdctl_reuse"] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged"}
+    assert answer["pdctl_reuse"] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged",
+                                     "diverged_at": 256}
     theirs = _request(dict(params), request.prompt_token_ids)
     theirs.status, theirs.num_computed_tokens = request.status, 700
     _, vllms = _scheduler(original).request_finished(theirs, ([7, 8, 9],))
