@@ -74,10 +74,9 @@ class RouterMetrics:
         self.traces = Counter("pdctl_router_trace_spans", "Spans of the turns' traces by result: exported, failed "
                               "(the collector refused or was unreachable), dropped (the export queue was full).",
                               ["result"], registry=r)
-        for source in KV_SOURCES:
-            self.kv_source.labels(source)
-        for direction in (D_TO_P, P_TO_D):
-            self.kv_moved.labels(direction)
+        # Label children looked up once: a turn counts into them without the labels' dict lookups.
+        self._sources = {source: self.kv_source.labels(source) for source in KV_SOURCES}
+        self._d_to_p, self._p_to_d = self.kv_moved.labels(D_TO_P), self.kv_moved.labels(P_TO_D)
         for role in _ROLES:
             for status in ("429", "503"):
                 self.refused.labels(role, status)
@@ -101,15 +100,15 @@ class RouterMetrics:
         self.reused_tokens_total += tokens
         self.eligible += eligible or outcome != "miss"
         self.reuse.labels(outcome, reason).inc()
-        self.kv_source.labels(kv_source(outcome, reason)).inc()
+        self._sources[kv_source(outcome, reason)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)
 
     def moved(self, d_to_p: int, p_to_d: int | None) -> None:
         """A turn through the prefill: the tokens the prefill read from the decode, and those it offered back."""
-        self.kv_moved.labels(D_TO_P).observe(d_to_p)
+        self._d_to_p.observe(d_to_p)
         if p_to_d is not None:
-            self.kv_moved.labels(P_TO_D).observe(p_to_d)
+            self._p_to_d.observe(p_to_d)
 
     def diverged_at(self, tokens: int) -> None:
         self.diverged.observe(tokens)
