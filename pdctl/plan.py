@@ -292,7 +292,7 @@ def _aggregated_router(topo: Topology, engines: list[ProcessSpec], self_python: 
     argv += ["--host", _router_bind(topo, at), "--port", str(at.port), "--mode", "aggregated"]
     argv += [a for e in engines for a in ("--decode", e.url)]
     argv += ["--model", topo.model.name]
-    return _router_spec(topo, argv + _client_side(topo, at), at)
+    return _router_spec(topo, argv + _tracing(topo) + _client_side(topo, at), at)
 
 
 def _router_bind(topo: Topology, at: Place) -> str:
@@ -333,7 +333,13 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
     argv += ["--members-file", members_path(topo, at.node)]
-    return _router_spec(topo, argv + _client_side(topo, at), at)
+    return _router_spec(topo, argv + _tracing(topo) + _client_side(topo, at), at)
+
+
+def _tracing(topo: Topology) -> list[str]:
+    """The router's OTLP exporter (router.otlp_endpoint), in either mode."""
+    r = topo.router
+    return ["--otlp-endpoint", r.otlp_endpoint] if r.otlp_endpoint else []
 
 
 def _client_side(topo: Topology, at: Place) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Any
 
 FIELD = "pdctl_prefix"  # in the params the router sends the prefill: the spec
 REPORT = "pdctl_reuse"  # in the params the prefill answers with: what it verified
+DIVERGED_AT = "diverged_at"  # in a prefix_diverged report: the first token of the first chunk that differed
 VERSION = 1
 DIGEST_BYTES = 12
 MIN_CHUNK_TOKENS = 256
@@ -109,12 +110,14 @@ def check(params: dict[str, Any], prompt: Sequence[int], cached: int = 0) -> dic
     tokens the prefill's own prefix cache holds.
 
     Sets `remote_num_tokens` (and, for a partial, truncates `remote_block_ids` to the verified blocks) and puts the
-    report under REPORT; returns the report, or None when `params` carries no spec.
+    report under REPORT; returns the report, or None when `params` carries no spec. A prefix_diverged report says
+    where (DIVERGED_AT): the first token of the first chunk that differed, every chunk before it matched.
     """
     s = params.pop(FIELD, None)
     if s is None:
         return None
     outcome, tokens, reason = "miss", 0, SPEC_INVALID
+    diverged: int | None = None
     if _valid(s):
         n, bs, step = s["n"], s["block_size"], s["step"]
         if len(prompt) <= n:
@@ -128,6 +131,7 @@ def check(params: dict[str, Any], prompt: Sequence[int], cached: int = 0) -> dic
                 reason = PREFIX_DIVERGED
                 same = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a.hex() != b),
                             len(mine))
+                diverged = same * step
                 if same > 0 and s["partial"]:
                     outcome, tokens = "partial", same * step
                     _truncate(params, tokens // bs)
@@ -143,6 +147,9 @@ def check(params: dict[str, Any], prompt: Sequence[int], cached: int = 0) -> dic
         params["remote_num_tokens"] = 0
     else:
         params["remote_num_tokens"] = tokens
-    report = {"outcome": outcome, "tokens": tokens, "reason": reason, "cached": cached, "read": read}
+    report: dict[str, Any] = {"outcome": outcome, "tokens": tokens, "reason": reason, "cached": cached,
+                              "read": read}
+    if diverged is not None:
+        report[DIVERGED_AT] = diverged
     params[REPORT] = report
     return report

@@ -121,6 +121,7 @@ from pdctl.cli.demo import register as _register_demo; _register_demo(app)  # no
 from pdctl.cli.doctor import register as _register_doctor; _register_doctor(app)  # noqa: E402, E702, I001
 from pdctl.cli.init_cmd import register as _register_init; _register_init(app)  # noqa: E402, E702, I001
 from pdctl.cli.lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
+from pdctl.cli.observe import register as _register_observe; _register_observe(app)  # noqa: E402, E702, I001
 from pdctl.cli.router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 
 

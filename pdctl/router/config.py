@@ -153,6 +153,14 @@ class RouterConfig:
     )
     max_header_bytes: int = knob(64 * 1024, "Larger request heads get 431.")
     max_headers: int = knob(256, "More request headers than this get 431.")
+    otlp_endpoint: str | None = knob(
+        None,
+        "OpenTelemetry traces (off when unset): the OTLP/HTTP collector, e.g. http://collector:4318 (spans go to "
+        "/v1/traces there); one trace per turn, a span per stage, the client's traceparent as parent. Collector "
+        "headers: OTEL_EXPORTER_OTLP_HEADERS.",
+    )
+    otlp_service_name: str = knob("pdctl-router", "The service.name of the router's traces.")
+    trace_queue: int = knob(2048, "Finished traces waiting for export; past it new ones are dropped (counted).")
     conversation_headers: tuple[str, ...] = knob(
         DEFAULT_HEADERS,
         "Header naming a request's conversation, in order of precedence (repeat for more).",
@@ -208,6 +216,10 @@ class RouterConfig:
         for name in ("queue_timeout", "health_timeout", "header_timeout", "body_timeout", "idle_timeout"):
             if not getattr(self, name) > 0:
                 problems.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name):g}")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            problems.append(f"--otlp-endpoint {self.otlp_endpoint!r} must start with http:// or https://")
+        if self.trace_queue < 1:
+            problems.append(f"--trace-queue must be >= 1, got {self.trace_queue}")
         if self.max_client_connections < 0:
             problems.append(f"--max-client-connections must be >= 0, got {self.max_client_connections}")
         if self.load_factor < 1:

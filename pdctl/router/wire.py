@@ -1,6 +1,7 @@
 """The router's public signals, written and read here only: the `X-PD-*` headers and the `/stats` document.
 
-    X-PD-KV-Reuse: <outcome>;tokens=<N>[;read=<R>];reason=<reason>   what the router did with the decode's KV
+    X-PD-KV-Reuse: <outcome>;tokens=<N>[;read=<R>][;block=<B>];reason=<reason>
+        what the router did with the decode's KV:
         outcome  hit | partial | miss
         tokens   prompt tokens not recomputed: read from a decode or held by the prefill's own prefix cache (a hit
                  or partial through the prefill, as the prefill verified them; reason prefill_cached: the prefill's
@@ -8,6 +9,9 @@
                  prefix cache holds, whole blocks: what it reuses of them is its own match, never more
         reason   one of REASONS (why a hit, why a miss); with SOURCE_OF a turn's source of its history's KV
         read     tokens the prefill read from the decode (D->P), where the prefill reported it (verify_at prefill)
+        block    prefix_diverged only: the first KV block (0-based, block_size tokens) of the prompt that differed
+                 from what the decode holds; every block before it matched. Verified at the prefill, whose check
+                 compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
     X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
 
@@ -60,6 +64,51 @@ N_GT_1 = "n_gt_1"  # n > 1 samples: served by a decode alone
 # ran there too (its prefix cache holds it), miss when it moved there; tokens 0 (the router does not know what the
 # prefill's prefix cache reuses). Also the miss reason of a conversation's next turn through a decode.
 WHOLE_PREFILL = "whole_prefill"
+# Where a turn's prompt KV came from (the `source` label of pdctl_router_turn_kv_source_total; `kv_source`).
+DECODE_READ = "decode_read"  # read back from the decode that holds the conversation (D->P), hit or partial
+DECODE_CACHE = "decode_cache"  # the decode's own prefix cache: a local turn, no transfer
+PREFILL_WHOLE = "prefill_whole"  # served whole on a prefill (overflow_kv), from its own prefix cache if anything
+RECOMPUTED = "recomputed"  # a miss: the prefill computed the prompt (its prefix cache may still have helped)
+KV_SOURCES = (DECODE_READ, DECODE_CACHE, PREFILL_WHOLE, RECOMPUTED)
+# The `direction` label of pdctl_router_kv_moved_tokens: what crossed between engines for one turn.
+D_TO_P = "d_to_p"  # the prefill read the decode's verified tokens (X-PD-KV-Reuse tokens)
+P_TO_D = "p_to_d"  # the decode was offered the prefill's prompt KV (its own prefix cache may cover part)
+
+
+def kv_source(outcome: str, reason: str) -> str:
+    """Where a turn's KV came from, given its X-PD-KV-Reuse outcome and reason."""
+    if reason == DECODE_LOCAL:
+        return DECODE_CACHE
+    if reason == WHOLE_PREFILL:
+        return PREFILL_WHOLE
+    return DECODE_READ if outcome in ("hit", "partial") else RECOMPUTED
+
+
+# Each reason in a few words: what an operator reads next to a miss.
+REASON_TEXT: Mapping[str, str] = {
+    VERIFIED: "the decode's tokens are the prompt's prefix",
+    UNVERIFIED: "reused without verification (verify_prefix off)",
+    DECODE_LOCAL: "served by the decode alone from its prefix cache",
+    PREFIX_DIVERGED: "the prompt differs from what the decode holds",
+    TOKENS_UNKNOWN: "the router does not know the tokens the handle holds",
+    PROMPT_NOT_LONGER: "the prompt adds nothing to what the decode holds",
+    NEW_CONVERSATION: "first turn of its conversation",
+    NOT_ELIGIBLE: "the request has no conversation (n > 1, or no id and nothing to derive one from)",
+    HANDLE_IN_USE: "another turn of the conversation holds its handle",
+    DECODE_RESTARTED: "the decode that held the KV was ejected or restarted",
+    EXPIRED: "the handle outlived the router's trust (handle_ttl or decoder_kv_blocks_ttl)",
+    EVICTED: "the handle table was full (max_handles)",
+    RELEASED: "released under pin pressure (pin_budget_tokens / pin_budget_fraction)",
+    PREVIOUS_TURN_FAILED: "the previous turn took the handle and left none",
+    NO_HANDLE_RETURNED: "the decode's answer carried no kv_transfer_params",
+    TOKENIZE_FAILED: "the router could not tokenize the prompt to verify it",
+    PREFILL_UNCHECKED: "the prefill does not run pdctl's prefix check (re-provision, or verify_at: router)",
+    PREFIX_SPEC_INVALID: "the prefill could not read the router's digests",
+    PREFILL_FAILED: "the prefill failed reading the decode's KV; retried as a recompute",
+    PREFILL_REDONE: "the decode could not use the prefill's KV; the prefill ran again",
+    N_GT_1: "n > 1 samples, served by a decode alone",
+    WHOLE_PREFILL: "served whole on a prefill (overflow_kv)",
+}
 REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,
     NOT_ELIGIBLE, HANDLE_IN_USE, DECODE_RESTARTED, EXPIRED, EVICTED, RELEASED, PREVIOUS_TURN_FAILED, NO_HANDLE_RETURNED,
@@ -93,16 +142,27 @@ class Reuse:
     tokens: int = 0
     reason: str = ""
     read: int | None = None  # tokens the prefill read from the decode, where it said (None: not reported)
+    block: int | None = None  # prefix_diverged: the first block that differed
 
     @property
     def header(self) -> str:
-        read = f";read={self.read}" if self.read is not None else ""  # before reason: reason stays last
-        return f"{self.outcome};tokens={self.tokens}{read};reason={self.reason}"
+        # read and block before the reason: a reader that takes whatever follows `reason=` still reads the reason.
+        read = f";read={self.read}" if self.read is not None else ""
+        block = f";block={self.block}" if self.block is not None else ""
+        return f"{self.outcome};tokens={self.tokens}{read}{block};reason={self.reason}"
 
     @property
     def source(self) -> str:
         """Where the turn's history KV came from (`source_of`)."""
         return source_of(self.outcome, self.reason, self.read)
+
+    @property
+    def explanation(self) -> str:
+        """The reason in words, with where a diverged prefix differed (`pdctl top`, logs, traces)."""
+        words = REASON_TEXT.get(self.reason, self.reason)
+        if self.block is not None:
+            words += f", first differing block {self.block}"
+        return words
 
     def raw(self) -> tuple[bytes, bytes]:
         """The header as an ASGI (name, value) pair."""
@@ -129,7 +189,11 @@ class Reuse:
         if not tokens.isdigit():
             return _malformed(value, f"tokens={tokens!r} is not a count")
         read = fields.get("read")
-        return cls(outcome, int(tokens), fields.get("reason", ""), int(read) if read and read.isdigit() else None)
+        block = fields.get("block")
+        if block is not None and not block.isdigit():
+            return _malformed(value, f"block={block!r} is not a block index")
+        return cls(outcome, int(tokens), fields.get("reason", ""), int(read) if read and read.isdigit() else None,
+                   int(block) if block is not None else None)
 
     @classmethod
     def parse_list(cls, value: str | None) -> list[Reuse]:

@@ -63,14 +63,20 @@ class Run:
     pacer: timing.Pacer
     ticket: Ticket | None = None  # the request's place in the step loop, with --step-model
     closed: bool = field(default=False)
+    begun: float = field(default_factory=time.perf_counter)  # vLLM's request latencies start here
 
     async def tokens(self) -> AsyncIterator[int]:
+        m = self.engine.metrics
+        last = self.begun
         for i, token in enumerate(self.output):
             if i:
                 if self.ticket is not None:
                     await self.ticket.next()
                 else:
                     await self.pacer.wait_ms(timing.TPOT_MS)
+            now = time.perf_counter()
+            m.lab(m.inter_token if i else m.ttft).observe(now - last)
+            last = now
             yield token
 
     def _leave_batch(self) -> None:
@@ -85,6 +91,7 @@ class Run:
         self._leave_batch()
         eng = self.engine
         eng.metrics.lab(eng.metrics.generation_tokens).inc(len(self.output))
+        eng.metrics.lab(eng.metrics.e2e).observe(time.perf_counter() - self.begun)
         params = None
         kv = self.req.kv_params or {}
         if self.is_p and kv.get(RELEASE) and eng.cfg.prefix_check:

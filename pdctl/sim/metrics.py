@@ -17,6 +17,12 @@ log = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.metrics")
 
 XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BYTES_BUCKETS = tuple(float(2**k) for k in range(11, 35, 2))
+# vLLM's bucket bounds for these histograms (vllm/v1/metrics/loggers.py), with finer ones below 10 ms for ITL:
+# a simulator at speed > 1 steps faster than any GPU
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                   40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 DESC_BUCKETS = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0)
 
 
@@ -47,6 +53,12 @@ class SimMetrics:
         self.descriptors = Histogram(
             "vllm:nixl_num_descriptors", "Descriptors per NIXL read.", labels, buckets=DESC_BUCKETS, registry=r
         )
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token, from the engine's start "
+                              "of the request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("vllm:inter_token_latency_seconds", "Time between a request's tokens.", labels,
+                                     buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, start to last token.", labels,
+                             buckets=LATENCY_BUCKETS, registry=r)
         self.failed = Counter("vllm:nixl_num_failed_transfers", "Failed NIXL reads.", labels, registry=r)
         self.failed_notifs = Counter(
             "vllm:nixl_num_failed_notifications", "Failed NIXL notifications.", labels, registry=r
@@ -81,7 +93,8 @@ class SimMetrics:
                        self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
-                       self.failed_notifs, self.expired, self.corrupt, self.tokenize_calls, self.tokenize_bytes,
+                       self.failed_notifs, self.expired, self.corrupt, self.ttft, self.inter_token, self.e2e,
+                       self.tokenize_calls, self.tokenize_bytes,
                        self.encoded):
             metric.labels(**self._values)
         self.stats = TransferStats()

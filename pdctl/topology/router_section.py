@@ -117,6 +117,13 @@ class Router(Strict):
         description="With replicas > 1: the HAProxy (>= 2.6) binary on `node` (Debian/Ubuntu: `apt-get install "
         "haproxy`).",
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="OpenTelemetry traces of every turn (one span per turn, a child per stage, the client's W3C "
+        "traceparent as parent): the OTLP/HTTP collector the router exports to, e.g. http://collector:4318 (spans "
+        "go to /v1/traces). Headers for it (an API key): OTEL_EXPORTER_OTLP_HEADERS in env.router. null: off.",
+    )
 
     conversation_headers: list[str] | None = Field(
         None,

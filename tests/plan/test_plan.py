@@ -226,3 +226,18 @@ def test_min_read_tokens_reaches_the_router_where_it_differs_from_its_default() 
     assert router.argv[router.argv.index("--min-read-tokens") + 1] == "0"
     with pytest.raises(TopologyError, match="min_read_tokens"):
         load(ROOT / "configs/local-sim.yaml", ["router.min_read_tokens=-1"])
+
+
+def test_the_otlp_endpoint_reaches_the_router_only_when_set() -> None:
+    from pdctl.errors import PdctlError
+    from pdctl.router.server.options import config_parameters
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--otlp-endpoint" not in router.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.otlp_endpoint=http://collector:4318"]),
+                        SELF_PYTHON)
+    i = router.argv.index("--otlp-endpoint")
+    assert router.argv[i + 1] == "http://collector:4318"
+    assert "otlp_endpoint" in {p.name for p in config_parameters()}
+    with pytest.raises(PdctlError):
+        load(ROOT / "configs/local-sim.yaml", ["router.otlp_endpoint=collector:4318"])

@@ -46,7 +46,7 @@ def test_an_edited_history_is_never_reused_wrongly(router: RouterProc, pd: SimPa
     reply = conv.turn("a fourth question")
     assert reply.status == 200
     n = chunk_tokens(BLOCK)  # the prefill caches nothing here: all of it read
-    assert reply.reuse == f"partial;tokens={n};read={n};reason=prefix_diverged"
+    assert reply.reuse == f"partial;tokens={n};read={n};block={n // BLOCK};reason=prefix_diverged"
     assert corrupt(pd.prefill, pd.decode) == 0
 
 

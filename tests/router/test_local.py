@@ -237,7 +237,7 @@ def test_an_edited_or_shortened_history_goes_through_the_prefill(local_router: R
     conv.messages[0]["content"] = f"{uuid.uuid4().hex} {LONG}"  # the client rewrote its first question
     reply = conv.turn("and day 3?")  # a few new tokens, but not after what the decode holds: the prefill verifies
     assert reply.status == 200 and reply.text
-    assert reply.reuse == "miss;tokens=0;reason=prefix_diverged"
+    assert reply.reuse == "miss;tokens=0;block=0;reason=prefix_diverged"
     conv.messages = conv.messages[-2:]  # fewer messages than the decode ran
     reply = conv.turn("and day 4?")
     assert reply.status == 200 and reply.text

@@ -42,8 +42,8 @@ def test_every_case_passes_on_a_prefill_that_checks(tmp_path: Path) -> None:
     assert lines[0].startswith("PASS turn-1: D holds 2015 tokens in 8 blocks (block size 256)")
     assert ('pdctl_reuse={"outcome": "hit", "tokens": 2015, "reason": "verified", "cached": 0, "read": 2015}, '
             'P read 1 transfers') in lines[1]
-    partial = ('{"outcome": "partial", "tokens": 256, "reason": "prefix_diverged", "cached": 0, "read": 256} '
-               '(want partial 256), P read 1 ')
+    partial = ('{"outcome": "partial", "tokens": 256, "reason": "prefix_diverged", "cached": 0, "read": 256, '
+               '"diverged_at": 256} (want partial 256), P read 1 ')
     assert partial in lines[2]
     assert lines[2].endswith("D's 16 tokens = the cold run's")
     assert "(want miss 0), P read 0 transfers 0 MB; D's 16 tokens = the cold run's" in lines[3]

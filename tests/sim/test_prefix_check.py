@@ -51,7 +51,8 @@ def test_an_edited_history_reads_only_what_matches(pair: SimPair) -> None:
     edited = [*held[:300], 7, *held[301:], *range(50000, 50050)]
     r = prefill(pair.prefill_url, {"prompt": edited}, checked(handle, held))
     assert r.json()["kv_transfer_params"][REPORT] == {"outcome": "partial", "tokens": 256,
-                                                      "reason": "prefix_diverged", "cached": 0, "read": 256}
+                                                      "reason": "prefix_diverged", "cached": 0, "read": 256,
+                                                      "diverged_at": 256}
     held2, handle2 = turn(pair, 60000)
     r = prefill(pair.prefill_url, {"prompt": [7, *held2[1:], 1]}, checked(handle2, held2))
     assert r.json()["kv_transfer_params"][REPORT]["outcome"] == "miss"

@@ -41,7 +41,7 @@ def test_divergence_inside_the_tail_keeps_the_whole_chunks_before_it() -> None:
     prompt = [*HELD[:600], 7, *HELD[601:], 1]
     p = params(HELD, 700)
     assert check(p, prompt) == {"outcome": "partial", "tokens": 512, "reason": "prefix_diverged",
-                               "cached": 0, "read": 512}
+                               "cached": 0, "read": 512, "diverged_at": 512}
     assert p["remote_num_tokens"] == 512 and p["remote_block_ids"] == [list(range(32))]
 
 
@@ -55,10 +55,11 @@ def test_divergence_in_a_chunk_keeps_the_chunks_before_it_only() -> None:
     assert flat["remote_block_ids"] == list(range(16))
 
 
-@pytest.mark.parametrize("prompt", [[7, *HELD[1:], 1], [*HELD[:300], 7, *HELD[301:], 1]])
-def test_without_partial_reuse_any_divergence_is_a_miss(prompt: list[int]) -> None:
+@pytest.mark.parametrize(("prompt", "at"), [([7, *HELD[1:], 1], 0), ([*HELD[:300], 7, *HELD[301:], 1], 256)])
+def test_without_partial_reuse_any_divergence_is_a_miss(prompt: list[int], at: int) -> None:
     p = params(HELD, 700, partial=False)
-    assert check(p, prompt) == {"outcome": "miss", "tokens": 0, "reason": "prefix_diverged", "cached": 0, "read": 0}
+    assert check(p, prompt) == {"outcome": "miss", "tokens": 0, "reason": "prefix_diverged", "cached": 0, "read": 0,
+                               "diverged_at": at}
     assert p["remote_num_tokens"] == 0 and p["remote_block_ids"] == [list(range(44))]
 
 
@@ -67,7 +68,7 @@ def test_a_short_handle_has_no_chunks_and_is_checked_whole() -> None:
     assert check(p, HELD[:101])["outcome"] == "hit"
     q = params(HELD, 100)
     assert check(q, [*HELD[:99], 0, 1]) == {"outcome": "miss", "tokens": 0, "reason": "prefix_diverged",
-                                           "cached": 0, "read": 0}
+                                            "cached": 0, "read": 0, "diverged_at": 0}
 
 
 @pytest.mark.parametrize("bad", [None, 3, {"v": 2}, {"v": 1, "n": 700, "block_size": 16, "step": 255,

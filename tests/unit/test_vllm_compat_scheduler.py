@@ -170,7 +170,7 @@ def test_diverged_history_reads_the_whole_chunks_before_the_edit(modules: Loaded
     assert params["remote_num_tokens"] == 256
     assert params["remote_block_ids"] == [list(range(100, 116))]
     assert params[REPORT] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged",
-                             "cached": 0, "read": 256}
+                             "cached": 0, "read": 256, "diverged_at": 256}
 
 
 def test_the_prefill_cache_hit_decides_the_source(modules: Loaded) -> None:
@@ -200,7 +200,8 @@ def test_miss_reads_nothing(modules: Loaded, prompt: list[int], reason: str) -> 
 
     assert _scheduler(patched).get_num_new_matched_tokens(_request(params, prompt), 0) == (0, False)
     assert params["remote_num_tokens"] == 0
-    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason, "cached": 0, "read": 0}
+    where = {"diverged_at": 0} if reason == "prefix_diverged" else {}
+    assert params[REPORT] == {"outcome": "miss", "tokens": 0, "reason": reason, "cached": 0, "read": 0, **where}
     assert params["remote_block_ids"] == _handle()["remote_block_ids"]  # kept: vLLM frees them on the decode
 
 
@@ -242,7 +243,7 @@ def test_request_finished_returns_the_report(modules: Loaded) -> None:
 
     assert delay is True
     assert answer["pdctl_reuse"] == {"outcome": "partial", "tokens": 256, "reason": "prefix_diverged",
-                                    "cached": 0, "read": 256}
+                                    "cached": 0, "read": 256, "diverged_at": 256}
     theirs = _request(dict(params), request.prompt_token_ids)
     theirs.status, theirs.num_computed_tokens = request.status, 700
     _, vllms = _scheduler(original).request_finished(theirs, ([7, 8, 9],))

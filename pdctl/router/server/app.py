@@ -24,6 +24,7 @@ from pdctl.router.server.anthropic_errors import AnthropicErrors
 from pdctl.router.server.conversation_headers import ConversationHeaders
 from pdctl.router.server.membership import Membership
 from pdctl.router.server.middleware import ApiKey, Http10, JsonBody, RequestId
+from pdctl.router.server.otlp import OtlpExporter
 from pdctl.router.server.routes import ROUTES, Route
 from pdctl.router.turn.context import SCOPE_KEY, RequestContext
 from pdctl.router.turn.state import RouterState
@@ -39,6 +40,7 @@ class Dispatcher:
         self.transport = transport
         self._tasks: list[asyncio.Task[None]] = []
         self.membership = Membership(state)
+        self.exporter: OtlpExporter | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -83,6 +85,10 @@ class Dispatcher:
             self._tasks.append(asyncio.create_task(self.state.kv_use.loop(
                 (self.state.prefill, self.state.decode), self.state.client, cfg.health_timeout)))
         self.membership.start()  # the members file, the decodes' tripwires, SIGHUP
+        if self.state.tracer is not None and cfg.otlp_endpoint:
+            self.exporter = OtlpExporter(self.state.tracer, cfg.otlp_endpoint, cfg.otlp_service_name)
+            self._tasks.append(asyncio.create_task(self.exporter.run()))
+            log.info("Tracing: OTLP/HTTP to %s (service %s)", self.exporter.url, cfg.otlp_service_name)
         if cfg.mode == "aggregated":
             log.info("Ready: aggregated, %d engines", len(cfg.decode))
         else:
@@ -97,6 +103,8 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self.state.releaser.close()
+        if self.exporter is not None:
+            await self.exporter.close()
         if self.state.client is not None:
             await self.state.client.aclose()
 

@@ -27,7 +27,7 @@ async def stats(state: RouterState, ctx: RequestContext, receive: Receive, send:
 
 
 async def metrics(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
-    body = state.metrics.exposition(len(state.handles), state.prefill, state.decode, state.handles.pinned())
+    body = state.exposition()
     await send_bytes(send, 200, body, content_type=b"text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -17,6 +17,7 @@ from pdctl.router.wire import NOT_ELIGIBLE
 
 if TYPE_CHECKING:
     from pdctl.router.kv.conversation import Derivation
+    from pdctl.router.turn.trace import Trace
 
 SCOPE_KEY: Final = "pdctl.request"
 CHAT: Final = "/v1/chat/completions"
@@ -59,6 +60,7 @@ class RequestContext:
     released: bool = False  # the taken handle's lease is given back (once: the turn's end, or its failure)
     spent: bool = False  # a prefill got the taken handle (it read the blocks or told the decode to free them)
     started: float = 0.0  # when the completion began (the TTFT metric's origin)
+    trace: Trace | None = None  # the turn's spans (turn/trace.py); None: tracing off, or not sampled
 
     @property
     def chat(self) -> bool:

@@ -26,6 +26,7 @@ from pdctl.router.errors import error_body, relayed_error, send_bytes
 from pdctl.router.turn.capture import Capture, SseRewriter
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
+from pdctl.router.turn.trace import CLIENT
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
@@ -139,13 +140,14 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
                  capture: Capture, headers: Iterable[tuple[bytes, bytes]],
                  finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
+    span = ctx.trace.new_id() if ctx.trace is not None else None
     sent = time.perf_counter()
     try:
-        resp = await state.http.post(f"{d.url}{ctx.path}", content=payload,
-                                     headers={"content-type": "application/json", "x-request-id": rid})
+        resp = await state.http.post(f"{d.url}{ctx.path}", content=payload, headers=_request_headers(ctx, span))
     except httpx.HTTPError as exc:
         return _fail(state, d, rid, _kind(exc), exc)
     decode_ms = _decode_ms(sent)
+    _traced(ctx, d, sent, span, payload, resp.status_code)
     if resp.status_code >= 500:
         return _fail(state, d, rid, f"http_{resp.status_code}", content=resp.content)
     state.decode.succeeded(d)
@@ -165,6 +167,28 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
     return True
 
 
+def _request_headers(ctx: RequestContext, span: bytes | None) -> dict[str, str]:
+    headers = {"content-type": "application/json", "x-request-id": ctx.rid}
+    if ctx.trace is not None and span is not None:
+        headers["traceparent"] = ctx.trace.traceparent(span)[1].decode()
+    return headers
+
+
+def _traced(ctx: RequestContext, d: Upstream, sent: float, span: bytes | None, payload: bytes, status: int) -> None:
+    """The decode stage (request to first byte) and, when it pulled the prefill's KV, the P->D pull inside it."""
+    tr = ctx.trace
+    if tr is None or span is None:
+        return
+    now = time.perf_counter()
+    pulled = b'"kv_transfer_params"' in payload
+    tr.span("decode", sent, now, kind=CLIENT, span_id=span, error=status >= 500,
+            attrs={"server.address": d.url, "http.response.status_code": status,
+               "pdctl.placement": "disaggregated" if pulled else "decode_alone"})
+    if pulled:
+        tr.span("kv.pull p->d", sent, now, parent=span,
+                attrs={"pdctl.kv.direction": wire.P_TO_D, "pdctl.timing": "the decode's first byte"})
+
+
 def _decode_ms(sent: float) -> tuple[bytes, bytes]:
     """The decode stage: request sent to first byte (its KV pull, its first step), or to the whole body."""
     return wire.raw_ms(wire.DECODE_MS_HEADER, (time.perf_counter() - sent) * 1000)
@@ -174,8 +198,9 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                   capture: Capture, headers: list[tuple[bytes, bytes]],
                   finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
+    span = ctx.trace.new_id() if ctx.trace is not None else None
     req = state.http.build_request("POST", f"{d.url}{ctx.path}", content=payload,
-                                   headers={"content-type": "application/json", "x-request-id": rid})
+                                   headers=_request_headers(ctx, span))
     sent = time.perf_counter()
     try:
         resp = await state.http.send(req, stream=True)
@@ -200,6 +225,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         except httpx.HTTPError as exc:
             return _fail(state, d, rid, _kind(exc), exc)
         state.decode.succeeded(d)
+        _traced(ctx, d, sent, span, payload, 200)
         sse = SseRewriter(capture)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers, _decode_ms(sent)]})

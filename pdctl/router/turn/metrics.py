@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from pdctl import __version__
 from pdctl.router.kv.release import ReleaseMetrics
+from pdctl.router.upstream.admission import Gate
 from pdctl.router.upstream.pools import Pool
-from pdctl.router.wire import WHOLE_PREFILL, RouterStats, UpstreamStats
+from pdctl.router.wire import D_TO_P, KV_SOURCES, P_TO_D, WHOLE_PREFILL, RouterStats, UpstreamStats, kv_source
 
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
+_TOKEN_BUCKETS = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+_ROLES = ("prefill", "decode")
 
 
 class RouterMetrics:
@@ -42,6 +45,41 @@ class RouterMetrics:
                              registry=r)
         self.pinned = Gauge("pdctl_router_pinned_tokens", "Decode KV tokens the router's live handles pin (whole "
                             "blocks).", ["index"], registry=r)
+        self.kv_source = Counter("pdctl_router_turn_kv_source", "Turns by where their prompt KV came from: "
+                                 "decode_read (D->P), decode_cache (a local turn), prefill_whole (overflow_kv), "
+                                 "recomputed (a miss).", ["source"], registry=r)
+        self.kv_moved = Histogram("pdctl_router_kv_moved_tokens", "KV tokens one turn moved between engines: d_to_p "
+                                  "(the prefill read the decode's verified tokens), p_to_d (the prompt KV the "
+                                  "prefill offered the decode; its prefix cache may hold part).", ["direction"],
+                                  buckets=_TOKEN_BUCKETS, registry=r)
+        self.diverged = Histogram("pdctl_router_prefix_diverged_tokens", "Where a diverged prefix first differed: "
+                                  "the first token of the first differing block.", buckets=_TOKEN_BUCKETS,
+                                  registry=r)
+        self.refused = Counter("pdctl_router_admission_refused", "Requests refused a slot: 429 (queue full) or 503 "
+                               "(queued past --queue-timeout).", ["role", "status"], registry=r)
+        self.inflight = Gauge("pdctl_router_admission_inflight", "Requests holding a slot of the pool.", ["role"],
+                              registry=r)
+        self.queued = Gauge("pdctl_router_admission_queued", "Requests waiting for a slot of the pool.", ["role"],
+                            registry=r)
+        self.capacity = Gauge("pdctl_router_admission_capacity", "Slots of the pool (per instance x healthy).",
+                              ["role"], registry=r)
+        self.outstanding = Gauge("pdctl_router_upstream_outstanding", "Requests in flight to the upstream.",
+                                 ["role", "index"], registry=r)
+        self.work = Gauge("pdctl_router_upstream_work_tokens", "Prompt tokens in flight to the upstream not yet "
+                          "computed (placement's estimate).", ["role", "index"], registry=r)
+        self.upstream_info = Gauge("pdctl_router_upstream_info", "1 per upstream: its URL by role and index.",
+                                   ["role", "index", "url"], registry=r)
+        self.budget = Gauge("pdctl_router_pin_budget_tokens", "The pin budget of the decode (tokens; absent: none).",
+                            ["index"], registry=r)
+        self.traces = Counter("pdctl_router_trace_spans", "Spans of the turns' traces by result: exported, failed "
+                              "(the collector refused or was unreachable), dropped (the export queue was full).",
+                              ["result"], registry=r)
+        # Label children looked up once: a turn counts into them without the labels' dict lookups.
+        self._sources = {source: self.kv_source.labels(source) for source in KV_SOURCES}
+        self._d_to_p, self._p_to_d = self.kv_moved.labels(D_TO_P), self.kv_moved.labels(P_TO_D)
+        for role in _ROLES:
+            for status in ("429", "503"):
+                self.refused.labels(role, status)
         self.releases = ReleaseMetrics(r)
         self.started = time.monotonic()
         self.requests_total = 0
@@ -62,8 +100,24 @@ class RouterMetrics:
         self.reused_tokens_total += tokens
         self.eligible += eligible or outcome != "miss"
         self.reuse.labels(outcome, reason).inc()
+        self._sources[kv_source(outcome, reason)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)
+
+    def moved(self, d_to_p: int, p_to_d: int | None) -> None:
+        """A turn through the prefill: the tokens the prefill read from the decode, and those it offered back."""
+        self._d_to_p.observe(d_to_p)
+        if p_to_d is not None:
+            self._p_to_d.observe(p_to_d)
+
+    def diverged_at(self, tokens: int) -> None:
+        self.diverged.observe(tokens)
+
+    def traced(self, result: str, spans: int) -> None:
+        self.traces.labels(result).inc(spans)
+
+    def refusal(self, role: str, status: int) -> None:
+        self.refused.labels(role, str(status)).inc()
 
     def local_turn(self) -> None:
         self.local_turns_total += 1
@@ -103,14 +157,25 @@ class RouterMetrics:
             version=__version__,
         ).to_json()
 
-    def exposition(self, live_handles: int, prefill: Pool, decode: Pool,
-                   pinned: dict[str, int] | None = None) -> bytes:
+    def exposition(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
+                   budgets: dict[str, int] | None = None, gates: Iterable[Gate] = ()) -> bytes:
         self.live_handles.set(live_handles)
         for pool in (prefill, decode):
             for i, u in enumerate(pool.members):
-                self.healthy.labels(pool.role, str(i)).set(1 if u.healthy else 0)
+                index = str(i)
+                self.healthy.labels(pool.role, index).set(1 if u.healthy else 0)
+                self.outstanding.labels(pool.role, index).set(u.outstanding)
+                self.work.labels(pool.role, index).set(u.work)
+                self.upstream_info.labels(pool.role, index, u.url).set(1)
         for i, u in enumerate(decode.members):
             self.pinned.labels(str(i)).set((pinned or {}).get(u.url, 0))
+            if budgets and u.url in budgets:
+                self.budget.labels(str(i)).set(budgets[u.url])
+        for gate in gates:
+            role = gate.pool.role
+            self.inflight.labels(role).set(gate.inflight)
+            self.queued.labels(role).set(gate.queued)
+            self.capacity.labels(role).set(gate.capacity())
         return generate_latest(self.registry)
 
 

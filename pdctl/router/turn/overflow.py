@@ -107,6 +107,8 @@ async def run(state: RouterState, ctx: RequestContext, send: Send, p: Upstream) 
         log.warning("[%s] prefill %s could not serve the turn whole; through the decode instead", ctx.rid, p.url)
         return False
     state.metrics.whole_prefill_turn(reuse.outcome, eligible)
+    if ctx.trace is not None:
+        ctx.trace.outcome(reuse, cid)
     if cid is not None and state.handles.drop(cid, OVERFLOW, wire.WHOLE_PREFILL):
         log.info("[%s] conversation moved whole to prefill %s; its decode handle is released", ctx.rid, p.url)
     log.info("[%s] Served whole on prefill %s (kv %s)", ctx.rid, p.url, reuse.header)

@@ -32,6 +32,7 @@ from pdctl.router.turn import aggregated, decode, keep, local, overflow, prefill
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
+from pdctl.router.turn.trace import CLIENT, Trace
 from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Upstream
 
@@ -40,11 +41,22 @@ log = logging.getLogger("pdctl.router")
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """Serve one conversation turn in the router's mode; everything it started upstream is cancelled if its client
-    leaves."""
-    if state.config.mode == "aggregated":
-        await aggregated.completion(state, ctx, receive, send)
-    elif await cancel_on_disconnect(receive, send, lambda out: _turn(state, ctx, receive, out)):
-        log.info("[%s] client disconnected; its upstream work was cancelled", ctx.rid)
+    leaves. With tracing on, the turn is one trace (turn/trace.py), queued for export once the response ended."""
+    tracer = state.tracer
+    tr = None
+    if tracer is not None and ctx.trace is None:
+        route = ctx.route.path if ctx.route is not None else ctx.path
+        tr = tracer.begin(ctx.headers, ctx.t0, ctx.method, route, ctx.rid)
+        if tr is not None:
+            ctx.trace, send = tr, tr.watch(send)
+    try:
+        if state.config.mode == "aggregated":
+            await aggregated.completion(state, ctx, receive, send)
+        elif await cancel_on_disconnect(receive, send, lambda out: _turn(state, ctx, receive, out)):
+            log.info("[%s] client disconnected; its upstream work was cancelled", ctx.rid)
+    finally:
+        if tracer is not None and tr is not None:
+            tracer.finish(tr, time.perf_counter())
 
 
 async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -70,7 +82,11 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
         here = local.decide(state, ctx, ctx.taken.handle, p)
         if here is not None and await _on_decode(state, ctx, receive, send, here):
             return
+        verifying = time.perf_counter()
         hop: _Hop | None = _Hop(p, await verification.check(state, ctx, p))
+        if ctx.trace is not None:
+            ctx.trace.span("verification", verifying, time.perf_counter(),
+                           {"pdctl.verify_at": state.config.verify_at})
         while hop is not None:
             hop = await _hops(state, ctx, receive, send, hop)
     finally:
@@ -110,8 +126,29 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
         return False
     state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, here.held, True)
     state.metrics.local_turn()
+    if ctx.trace is not None:
+        ctx.trace.outcome(reuse, ctx.conversation)
     log.info("[%s] Ran on the decode alone (kv %s)", ctx.rid, reuse.header)
     return True
+
+
+def _trace_hop(tr: Trace, ctx: RequestContext, pre: prefill.PrefillResult, span: bytes, in_ms: float | None,
+               offered: int | None) -> None:
+    """The turn's router-in stage (first hop), the prefill hop and the D->P read inside it, as spans."""
+    v = pre.verdict
+    if in_ms is not None:
+        tr.outcome(v.reuse, ctx.conversation)
+        tr.span("router_in", ctx.t0, ctx.t0 + in_ms / 1000)
+    end = time.perf_counter()
+    start = end - pre.ms / 1000
+    url = pre.upstream.url if pre.upstream is not None else ""
+    tr.span("prefill", start, end, kind=CLIENT, span_id=span, error=pre.status != 200,
+            attrs={"server.address": url, "http.response.status_code": pre.status, "pdctl.kv.outcome": v.outcome,
+               "pdctl.kv.reason": v.reason, "pdctl.prompt.offered_tokens": offered or 0})
+    if v.tokens:
+        tr.span("kv.read d->p", start, end, parent=span,
+                attrs={"pdctl.kv.tokens": v.tokens, "pdctl.kv.direction": wire.D_TO_P,
+                       "pdctl.timing": "the prefill hop"})
 
 
 @dataclass(frozen=True)
@@ -132,16 +169,25 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
         return None
     in_ms = (time.perf_counter() - ctx.t0) * 1000 if hop.in_ms is None else hop.in_ms
     check, p = hop.check, hop.p
+    tr = ctx.trace
+    span = tr.new_id() if tr is not None else None  # the prefill request's traceparent names its span
     work = load.Work(p, check.new_tokens)
     try:
-        pre = await prefill.run(state, ctx, p, check.verdict, check.ids)
+        pre = await prefill.run(state, ctx, p, check.verdict, check.ids, span)
     finally:
         work.done()
         state.prefill_gate.release()
     v = pre.verdict
+    offered = prefill.offered_tokens(pre.params, state.config.block_size)
     if first:
         state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible)
+        if v.block is not None:
+            state.metrics.diverged_at(v.block * state.config.block_size)
+    if pre.status == 200:
+        state.metrics.moved(v.tokens, offered)
     state.metrics.prefill_seconds.observe(pre.ms / 1000)
+    if tr is not None and span is not None:
+        _trace_hop(tr, ctx, pre, span, in_ms if first else None, offered)
     log.info("[%s] Prefill done in %.0fms (kv %s)", ctx.rid, pre.ms, v.header)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, pre.ms), v.reuse.raw(), wire.raw_ms(wire.ROUTER_IN_MS_HEADER, in_ms)]
     if pre.status != 200:

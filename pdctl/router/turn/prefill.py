@@ -78,12 +78,15 @@ def prefill_request(path: str, body: dict[str, Any], params: dict[str, Any],
     return path, jsonx.dumps(out)
 
 
-async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid: str) -> httpx.Response | str:
+async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid: str,
+                traceparent: tuple[bytes, bytes] | None = None) -> httpx.Response | str:
     """The response, or a short reason when the prefill could not be reached or timed out."""
+    headers = {"content-type": "application/json", "x-request-id": rid}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent[1].decode()
     p.outstanding += 1
     try:
-        return await state.http.post(f"{p.url}{path}", content=payload,
-                                     headers={"content-type": "application/json", "x-request-id": rid})
+        return await state.http.post(f"{p.url}{path}", content=payload, headers=headers)
     except httpx.TimeoutException:
         return "timeout"
     except httpx.HTTPError:
@@ -93,10 +96,12 @@ async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid:
 
 
 async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Verdict,
-              ids: array[int] | None = None) -> PrefillResult:
-    """The prefill hop; `error` of a failed result is an OpenAI error body ready for the client."""
+              ids: array[int] | None = None, span: bytes | None = None) -> PrefillResult:
+    """The prefill hop; `error` of a failed result is an OpenAI error body ready for the client. `span`: the id of
+    the hop's span in the turn's trace, sent as the request's `traceparent`."""
     started = time.perf_counter()
     rid, key = ctx.rid, ctx.conversation or ctx.rid
+    parent = ctx.trace.traceparent(span) if ctx.trace is not None and span is not None else None
     tried: list[Upstream] = []
 
     def done(status: int = 200, error: bytes = b"", params: dict[str, Any] | None = None,
@@ -104,7 +109,7 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
         return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error)
 
     for attempt in range(2):
-        resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid)
+        resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid, parent)
         with_handle = verdict.outcome != "miss"
         if with_handle and resp != "connect":
             ctx.spent = True
@@ -148,6 +153,20 @@ def _settled(state: RouterState, p: Upstream, verdict: Verdict, params: dict[str
                     "re-provision it with pdctl (`pdctl up` patches vLLM) or set `router.verify_at: router`",
                     p.url, wire.PREFILL_UNCHECKED)
     return miss(wire.PREFILL_UNCHECKED)
+
+
+def offered_tokens(params: dict[str, Any] | None, block_size: int) -> int | None:
+    """The prompt tokens whose KV the prefill offers the decode (its answer's `remote_num_tokens`, else its block
+    ids in whole blocks); None without an answer to read."""
+    if params is None:
+        return None
+    n = params.get("remote_num_tokens")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    ids = params.get("remote_block_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return len(ids) * block_size if isinstance(ids, list) else None
 
 
 def _params(content: bytes) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from pdctl.router.kv.release import Releaser
 from pdctl.router.kv.response_store import ResponseStore
 from pdctl.router.kv.usage import KvUse
 from pdctl.router.turn.metrics import RouterMetrics
+from pdctl.router.turn.trace import Tracer
 from pdctl.router.upstream.admission import Gate
 from pdctl.router.upstream.pools import AffinityRing, HolderFirst, Pool, Selector
 
@@ -41,6 +42,7 @@ class RouterState:
     overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
+    tracer: Tracer | None = None  # --otlp-endpoint: the turns' traces (turn/trace.py); None: tracing off
 
     @classmethod
     def create(cls, config: RouterConfig) -> RouterState:
@@ -63,14 +65,17 @@ class RouterState:
                                 block_size=config.block_size),
             responses=ResponseStore(config.handle_lifetime, config.max_handles),
             metrics=metrics,
-            prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
-            decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout),
+            prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout,
+                              metrics.refusal),
+            decode_gate=Gate(decode, config.max_inflight_per_instance, config.max_queue, config.queue_timeout,
+                             metrics.refusal),
             releaser=releaser,
             capacities=capacities,
             affinity=AffinityTable(config.max_handles, index=index),
             engine_choice=EngineChoice(),
             kv_use=KvUse(),
             overflowed=AffinityTable(config.max_handles, index=index),
+            tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
         )
 
     @property
@@ -87,6 +92,12 @@ class RouterState:
     def held(self) -> dict[str, int]:
         """Per decode URL: its live handles plus the releases to it still in flight."""
         return {u.url: self.handles.on(u.url) + self.releaser.pending[u.url] for u in self.decode.members}
+
+    def exposition(self) -> bytes:
+        """The /metrics text."""
+        return self.metrics.exposition(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
+                                       self.capacities.budgets(self.decode) if self.config.release else {},
+                                       (self.prefill_gate, self.decode_gate))
 
     def stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),

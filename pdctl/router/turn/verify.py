@@ -53,19 +53,20 @@ class Verdict:
     # The prefill verifies: until its answer is read (`settle`), outcome and tokens are what a hit would be.
     pending: bool = False
     read: int | None = None  # tokens the prefill read from the decode, as it reported (settle)
+    block: int | None = None  # prefix_diverged: the prompt's first block that differed from the held tokens
 
     @property
     def reuse(self) -> Reuse:
         """What the client is told (X-PD-KV-Reuse)."""
-        return Reuse(self.outcome, self.tokens, self.reason, self.read)
+        return Reuse(self.outcome, self.tokens, self.reason, self.read, self.block)
 
     @property
     def header(self) -> str:
         return self.reuse.header
 
 
-def miss(reason: str) -> Verdict:
-    return Verdict("miss", reason, 0, miss_params())
+def miss(reason: str, block: int | None = None) -> Verdict:
+    return Verdict("miss", reason, 0, miss_params(), block=block)
 
 
 def hit_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -126,10 +127,11 @@ def verify(
     want = prompt[:n]
     if held[:n] == want:
         return Verdict("hit", VERIFIED, n, hit_params(params))
-    blocks = matching_blocks(held[:n], want, block_size)
+    blocks = matching_blocks(held[:n], want, block_size)  # block `blocks` is the first that differs
     if blocks == 0 or not partial_ok:
-        return miss(PREFIX_DIVERGED)
-    return Verdict("partial", PREFIX_DIVERGED, blocks * block_size, truncate(params, blocks, block_size))
+        return miss(PREFIX_DIVERGED, blocks)
+    return Verdict("partial", PREFIX_DIVERGED, blocks * block_size, truncate(params, blocks, block_size),
+                   block=blocks)
 
 
 def at_prefill(params: dict[str, Any], spec: dict[str, Any] | None) -> Verdict:
@@ -170,6 +172,17 @@ def settle(v: Verdict, answer: dict[str, Any] | None) -> Verdict | None:
     if reason == PREFILL_CACHED:
         read = 0
     assert isinstance(reason, str)
+    block = _diverged_block(report, v.params) if reason == PREFIX_DIVERGED else None
     if outcome == "miss":
-        return miss(reason)  # nothing read: no read= in the header
-    return Verdict(outcome, reason, tokens, v.params, read=read)
+        return miss(reason, block)  # nothing read: no read= in the header
+    return Verdict(outcome, reason, tokens, v.params, read=read, block=block)
+
+
+def _diverged_block(report: dict[str, Any], params: dict[str, Any]) -> int | None:
+    """The first block that differed, from the report's `diverged_at` (tokens; a prefill whose check predates it
+    reports none) and the block size of the spec the router sent."""
+    at, s = report.get(prefix_check.DIVERGED_AT), params.get(prefix_check.FIELD)
+    size = s.get("block_size") if isinstance(s, dict) else None
+    if not isinstance(at, int) or isinstance(at, bool) or at < 0 or not isinstance(size, int) or size <= 0:
+        return None
+    return at // size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from starlette.types import Send
 
@@ -28,13 +29,23 @@ class Overloaded(Exception):
 
 
 class Gate:
-    def __init__(self, pool: Pool, per_instance: int, max_queue: int, timeout: float) -> None:
+    def __init__(self, pool: Pool, per_instance: int, max_queue: int, timeout: float,
+                 on_refused: Callable[[str, int], None] | None = None) -> None:
         self.pool = pool
+        self.on_refused = on_refused  # (role, status) of each refusal: the router's metrics
         self.per_instance = per_instance
         self.max_queue = max_queue
         self.timeout = timeout
         self.inflight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def _refused(self, status: int) -> None:
+        if self.on_refused is not None:
+            self.on_refused(self.pool.role, status)
 
     def capacity(self) -> int:
         return self.per_instance * max(1, len(self.pool.healthy()))
@@ -45,6 +56,7 @@ class Gate:
             return
         role = self.pool.role
         if len(self._waiters) >= self.max_queue:
+            self._refused(429)
             raise Overloaded(429, f"the router is at capacity for its {role} instances ({self.inflight} requests "
                              f"in flight, {len(self._waiters)} queued); retry after {RETRY_AFTER_S}s")
         loop = asyncio.get_running_loop()
@@ -53,6 +65,7 @@ class Gate:
 
         def expire() -> None:
             if not fut.done():
+                self._refused(503)
                 fut.set_exception(Overloaded(503, f"no {role} slot came free within {self.timeout:g}s "
                                              f"(--queue-timeout); retry after {RETRY_AFTER_S}s"))
 
