@@ -69,7 +69,8 @@ DECODE_READ = "decode_read"  # read back from the decode that holds the conversa
 DECODE_CACHE = "decode_cache"  # the decode's own prefix cache: a local turn, no transfer
 PREFILL_WHOLE = "prefill_whole"  # served whole on a prefill (overflow_kv), from its own prefix cache if anything
 RECOMPUTED = "recomputed"  # a miss: the prefill computed the prompt (its prefix cache may still have helped)
-KV_SOURCES = (DECODE_READ, DECODE_CACHE, PREFILL_WHOLE, RECOMPUTED)
+PREFILL_CACHE = "prefill_cache"  # the prefill's own prefix cache held it (prefill_cached): nothing read or recomputed
+KV_SOURCES = (DECODE_READ, DECODE_CACHE, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED)
 # The `direction` label of pdctl_router_kv_moved_tokens: what crossed between engines for one turn.
 D_TO_P = "d_to_p"  # the prefill read the decode's verified tokens (X-PD-KV-Reuse tokens)
 P_TO_D = "p_to_d"  # the decode was offered the prefill's prompt KV (its own prefix cache may cover part)
@@ -81,6 +82,8 @@ def kv_source(outcome: str, reason: str) -> str:
         return DECODE_CACHE
     if reason == WHOLE_PREFILL:
         return PREFILL_WHOLE
+    if reason == PREFILL_CACHED:
+        return PREFILL_CACHE
     return DECODE_READ if outcome in ("hit", "partial") else RECOMPUTED
 
 
@@ -108,6 +111,8 @@ REASON_TEXT: Mapping[str, str] = {
     PREFILL_REDONE: "the decode could not use the prefill's KV; the prefill ran again",
     N_GT_1: "n > 1 samples, served by a decode alone",
     WHOLE_PREFILL: "served whole on a prefill (overflow_kv)",
+    PREFILL_CACHED: "the prefill's own prefix cache held the history: nothing read from the decode",
+    READ_NOT_WORTH: "too little to read from the decode (router.min_read_tokens) and nothing cached: recomputed",
 }
 REASONS = frozenset({
     VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFIX_DIVERGED, TOKENS_UNKNOWN, PROMPT_NOT_LONGER, NEW_CONVERSATION,

@@ -32,7 +32,8 @@ def test_the_prefill_reports_where_and_the_router_reads_it_as_a_block() -> None:
     pending = at_prefill({"remote_num_tokens": 800, "remote_block_ids": list(range(50))}, spec)
     sent = dict(pending.params)
     report = prefix_check.check(sent, [*held[:300], 7, *held[301:], 1])
-    assert report == {"outcome": "partial", "tokens": 256, "reason": PREFIX_DIVERGED, "diverged_at": 256}
+    assert report == {"outcome": "partial", "tokens": 256, "reason": PREFIX_DIVERGED, "cached": 0, "read": 256,
+                      "diverged_at": 256}
     v = settle(pending, sent)
     assert v is not None and (v.outcome, v.tokens, v.block) == ("partial", 256, 16)
     older = settle(pending, {prefix_check.REPORT: {"outcome": "miss", "tokens": 0, "reason": PREFIX_DIVERGED}})

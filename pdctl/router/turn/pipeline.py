@@ -33,6 +33,7 @@ from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.trace import CLIENT, Trace
+from pdctl.router.turn.verify import offered_tokens
 from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Upstream
 
@@ -178,7 +179,7 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
         work.done()
         state.prefill_gate.release()
     v = pre.verdict
-    offered = prefill.offered_tokens(pre.params, state.config.block_size)
+    offered = offered_tokens(pre.params, state.config.block_size)
     if first:
         state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible)
         if v.block is not None:

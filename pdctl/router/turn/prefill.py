@@ -155,20 +155,6 @@ def _settled(state: RouterState, p: Upstream, verdict: Verdict, params: dict[str
     return miss(wire.PREFILL_UNCHECKED)
 
 
-def offered_tokens(params: dict[str, Any] | None, block_size: int) -> int | None:
-    """The prompt tokens whose KV the prefill offers the decode (its answer's `remote_num_tokens`, else its block
-    ids in whole blocks); None without an answer to read."""
-    if params is None:
-        return None
-    n = params.get("remote_num_tokens")
-    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
-        return n
-    ids = params.get("remote_block_ids")
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return len(ids) * block_size if isinstance(ids, list) else None
-
-
 def _params(content: bytes) -> dict[str, Any] | None:
     try:
         params = jsonx.loads(content).get("kv_transfer_params")

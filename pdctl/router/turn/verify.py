@@ -186,3 +186,17 @@ def _diverged_block(report: dict[str, Any], params: dict[str, Any]) -> int | Non
     if not isinstance(at, int) or isinstance(at, bool) or at < 0 or not isinstance(size, int) or size <= 0:
         return None
     return at // size
+
+
+def offered_tokens(params: dict[str, Any] | None, block_size: int) -> int | None:
+    """The prompt tokens whose KV the prefill offers the decode (its answer's `remote_num_tokens`, else its block
+    ids in whole blocks); None without an answer to read."""
+    if params is None:
+        return None
+    n = params.get("remote_num_tokens")
+    if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+        return n
+    ids = params.get("remote_block_ids")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return len(ids) * block_size if isinstance(ids, list) else None
