@@ -94,6 +94,10 @@ def _run(load_: Load, seconds: float) -> Tally:
     return load_.stop()
 
 
+# A request HAProxy sends on an idle connection to a router that died a moment before fails with it: seen once in
+# 3 full-suite runs, 0.7 ms after the router's death. Seen from HAProxy it was in flight on that router.
+HANDOVER_S = 0.05
+
 def _dead(pid: int) -> float:
     """When process `pid` no longer runs (gone, or a zombie not yet reaped): monotonic seconds."""
     deadline = time.monotonic() + 10
@@ -148,9 +152,11 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
         served = {r.router for r in many.requests if r.ok}
         assert served == {"router-0", "router-1", "router-2"}, served  # HAProxy spread the conversations
         lost = [r for r in many.requests if not r.ok]
-        # only requests in flight on router-1 when it died: started before it was dead, ended after the kill (within
-        # 5 s of its death), and not answered by another router
-        in_flight = [r.start < t_dead and t_kill < r.end < t_dead + 5 and r.router in (None, "router-1") for r in lost]
+        # only requests in flight on router-1 when it died: started before it was dead (or within HANDOVER_S of
+        # it: HAProxy had already written them to a pooled connection of router-1 whose reset it had not yet read),
+        # ended after the kill (within 5 s of its death), and not answered by another router
+        in_flight = [r.start < t_dead + HANDOVER_S and t_kill < r.end < t_dead + 5 and r.router in (None, "router-1")
+                     for r in lost]
         assert all(in_flight), (t_kill, t_dead, lost)
         assert len(lost) <= 6
         assert corrupt_reuses(engines, key) == 0
