@@ -10,6 +10,7 @@ balancer (with the kill in the middle).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import time
@@ -33,9 +34,13 @@ pytestmark = pytest.mark.slow
 
 
 def free_block(n: int) -> int:
-    """The first of `n` consecutive free loopback ports."""
+    """The first of `n` consecutive free loopback ports, below the kernel's ephemeral range: a port above it that
+    is free now can be taken by any outgoing connection (or another test's free_port()) before the router binds
+    it; CI saw router-1 exit at start that way."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
     while True:
-        base = free_port()
+        base = rng.randrange(20000, low - n)
         socks: list[socket.socket] = []
         try:
             for p in range(base, base + n):
