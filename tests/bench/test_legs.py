@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 from pathlib import Path
 
 import pytest
@@ -43,4 +44,8 @@ def test_each_leg_is_planned_once(sim_topology: Path, monkeypatch: pytest.Monkey
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     _base, *leg_topologies = planned  # the base first: whether it runs before the bench
-    assert [t.connector.bidirectional_kv_xfer for t in leg_topologies] == [False, True]  # leg off, leg on: once each
+    flags = [t.connector.bidirectional_kv_xfer for t in leg_topologies]
+    # leg off, leg on: once each, but for the bench's one retry of a leg whose deploy failed (it says so); a
+    # loaded CI machine hit one
+    retries = (result.output + (result.stderr if result.stderr_bytes is not None else "")).count("retrying once")
+    assert len(flags) == 2 + retries and [k for k, _ in itertools.groupby(flags)] == [False, True], (flags, retries)
