@@ -2,7 +2,7 @@
 
 A leg with `bidirectional_kv_xfer` on may still move no KV at all: every warm turn on its decode alone (conditional
 disaggregation), or every one served from the prefill's own prefix cache. Its label says so: the measured share of
-each source of the warm turns' history KV (the router's X-PD-KV-Reuse, `pdctl.router.wire.source_of`), the D->P
+each source of the warm turns' history KV (the router's X-PD-KV-Reuse, `pdctl.router.wire.kv_source`), the D->P
 transfers and GiB per warm turn the prefills metered (a leg not metered, a capacity run's: the turns that reported
 a read, `read=R` in their header, and GiB unknown). Only a leg that moved KV from a decode is labelled
 bidirectional; one that claims it and moved none is flagged.
@@ -21,13 +21,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pdctl.bench.records import LegResult
-from pdctl.router.wire import SOURCE_DECODE_LOCAL, SOURCE_DECODE_READ, SOURCE_PREFILL_CACHE, SOURCE_RECOMPUTE
+from pdctl.router.wire import DECODE_CACHE, DECODE_READ, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED
 
 DOMINANT = 0.9
-_NAMES = {SOURCE_DECODE_READ: "D->P read", SOURCE_DECODE_LOCAL: "local", SOURCE_PREFILL_CACHE: "prefill cache",
-          SOURCE_RECOMPUTE: "recompute"}
-_PATHS = {SOURCE_DECODE_READ: "ON via prefill (bidirectional)", SOURCE_DECODE_LOCAL: "ON local",
-          SOURCE_PREFILL_CACHE: "ON prefill cache", SOURCE_RECOMPUTE: "ON recompute"}
+_NAMES = {DECODE_READ: "D->P read", DECODE_CACHE: "local", PREFILL_CACHE: "prefill cache",
+          PREFILL_WHOLE: "whole on a prefill", RECOMPUTED: "recompute"}
+_PATHS = {DECODE_READ: "ON via prefill (bidirectional)", DECODE_CACHE: "ON local", PREFILL_CACHE: "ON prefill cache",
+          PREFILL_WHOLE: "ON whole on a prefill", RECOMPUTED: "ON recompute"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class LegPath:
 
 def leg_path(leg: LegResult) -> LegPath:
     warm = [r for r in leg.records if r.turn >= 1 and r.ok]
-    counts = Counter(r.source or SOURCE_RECOMPUTE for r in warm)
+    counts = Counter(r.source or RECOMPUTED for r in warm)
     shares = {s: counts[s] / len(warm) for s in _NAMES} if warm else {}
     n = max(len(warm), 1)
     transfers, gib = leg.kv.transfers / n, leg.kv.bytes / 2**30 / n
@@ -66,9 +66,9 @@ def leg_path(leg: LegResult) -> LegPath:
         return LegPath(leg.name, "aggregated", {}, len(warm), 0.0, 0.0)
     if not leg.bidirectional:
         return LegPath(leg.name, "OFF", shares, len(warm), transfers, gib)
-    top = max(shares, key=lambda s: shares[s]) if shares else SOURCE_RECOMPUTE
+    top = max(shares, key=lambda s: shares[s]) if shares else RECOMPUTED
     path = _PATHS[top] if shares.get(top, 0.0) >= DOMINANT else "ON mixed"
-    if path == "ON mixed" and shares.get(SOURCE_DECODE_READ, 0.0) > 0:
+    if path == "ON mixed" and shares.get(DECODE_READ, 0.0) > 0:
         path = "ON mixed (bidirectional)"
     moved = transfers > 0 or leg.kv.bytes > 0
     flag = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pdctl.router.wire import RouterStats, source_of
+from pdctl.router.wire import RouterStats, kv_source
 
 
 @dataclass
@@ -48,10 +48,10 @@ class RequestRecord:
 
     @property
     def source(self) -> str | None:
-        """Where this turn's history KV came from (pdctl.router.wire.source_of); None without a router's header."""
+        """Where this turn's history KV came from (pdctl.router.wire.kv_source); None without a router's header."""
         if self.reuse not in ("hit", "partial", "miss"):
             return None
-        return source_of(self.reuse, self.reuse_reason or "", self.reuse_read)
+        return kv_source(self.reuse, self.reuse_reason or "", self.reuse_read)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

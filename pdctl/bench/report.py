@@ -13,7 +13,7 @@ from pdctl.bench.paths import leg_path
 from pdctl.bench.paths import paths as leg_paths
 from pdctl.bench.records import BenchResult, LegResult
 from pdctl.bench.stats import SummaryRow, percentile, ratios, reuse_counts, summarize
-from pdctl.router.wire import SOURCE_PREFILL_CACHE
+from pdctl.router.wire import PREFILL_CACHE
 
 REQUESTS_JSON = "requests.json"
 LEGS_JSON = "legs.json"
@@ -181,7 +181,7 @@ def _reuse_section(legs: list[LegResult]) -> list[str]:
         kv, p = leg.kv, leg_path(leg)
         lines.append(
             f"| {leg.name} | {c.eligible} | {c.hit} | {c.partial} | {c.miss} | {_pct(c.rate)} | {c.local} | "
-            f"{_pct(p.shares.get(SOURCE_PREFILL_CACHE, math.nan))} | {kv.transfers} | "
+            f"{_pct(p.shares.get(PREFILL_CACHE, math.nan))} | {kv.transfers} | "
             f"{kv.bytes / 2**30:.2f} | {p.transfers_per_turn:.2f} | {_fmt(p.gib_per_turn, 3)} | {kv.avg_xfer_ms:.1f} | "
             f"{kv.source} |"
         )

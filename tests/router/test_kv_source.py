@@ -70,7 +70,7 @@ def test_each_case_takes_the_cheapest_source(tmp_path: Path) -> None:
             reply = conv.turn("after the restart")
             r = _reuse(reply.headers)
             assert reply.status == 200 and (r.outcome, r.reason, r.source) == (
-                "miss", "decode_restarted", "recompute"), r
+                "miss", "decode_restarted", "recomputed"), r
             assert corrupt(pd.prefill, decode) == 0
         finally:
             decode.stop()
@@ -90,5 +90,5 @@ def test_each_case_takes_the_cheapest_source(tmp_path: Path) -> None:
         assert short.turn("a short first turn").status == 200
         reply = short.turn(" and a short second")
         r = _reuse(reply.headers)
-        assert reply.status == 200 and (r.outcome, r.reason, r.source) == ("miss", "read_not_worth", "recompute")
+        assert reply.status == 200 and (r.outcome, r.reason, r.source) == ("miss", "read_not_worth", "recomputed")
         assert corrupt(pd.prefill, pd.decode) == 0

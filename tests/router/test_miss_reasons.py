@@ -7,7 +7,7 @@ from array import array
 
 from pdctl import prefix_check
 from pdctl.router.turn.verify import at_prefill, settle, verify
-from pdctl.router.wire import PREFIX_DIVERGED, REASON_TEXT, REASONS, Reuse, kv_source
+from pdctl.router.wire import KV_SOURCES, PREFIX_DIVERGED, REASON_TEXT, REASONS, Reuse, kv_source
 
 HELD = array("i", range(100, 180))  # 80 tokens: 5 blocks of 16
 
@@ -52,3 +52,9 @@ def test_every_reason_has_words_and_a_kv_source() -> None:
     assert set(REASON_TEXT) == REASONS
     assert kv_source("hit", "verified") == "decode_read" and kv_source("hit", "decode_local") == "decode_cache"
     assert kv_source("miss", "whole_prefill") == "prefill_whole" and kv_source("miss", "expired") == "recomputed"
+    # One account for the metric and the bench: the prefill's own cache whether it said so or read nothing, a
+    # conversation that stayed on its prefill is still served there, and a miss never counts as a read.
+    assert kv_source("hit", "prefill_cached", 0) == kv_source("hit", "verified", 0) == "prefill_cache"
+    assert kv_source("hit", "verified", 300) == kv_source("partial", "prefix_diverged") == "decode_read"
+    assert kv_source("hit", "whole_prefill") == "prefill_whole" and kv_source("miss", "read_not_worth") == "recomputed"
+    assert {kv_source("hit", r) for r in REASONS} | {kv_source("miss", r) for r in REASONS} <= set(KV_SOURCES)

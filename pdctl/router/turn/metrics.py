@@ -46,8 +46,8 @@ class RouterMetrics:
         self.pinned = Gauge("pdctl_router_pinned_tokens", "Decode KV tokens the router's live handles pin (whole "
                             "blocks).", ["index"], registry=r)
         self.kv_source = Counter("pdctl_router_turn_kv_source", "Turns by where their prompt KV came from: "
-                                 "decode_read (D->P), decode_cache (a local turn), prefill_whole (overflow_kv), "
-                                 "recomputed (a miss).", ["source"], registry=r)
+                                 "decode_read (D->P), decode_cache (a local turn), prefill_cache (the "
+                                 "prefill's own cache, nothing read), prefill_whole (overflow_kv), recomputed (a miss).", ["source"], registry=r)
         self.kv_moved = Histogram("pdctl_router_kv_moved_tokens", "KV tokens one turn moved between engines: d_to_p "
                                   "(the prefill read the decode's verified tokens), p_to_d (the prompt KV the "
                                   "prefill offered the decode; its prefix cache may hold part).", ["direction"],
@@ -94,13 +94,13 @@ class RouterMetrics:
         self.requests_total += 1
         self.requests.labels(route, str(status)).inc()
 
-    def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool) -> None:
+    def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool, read: int | None = None) -> None:
         self.outcomes[outcome] += 1
         self.reasons[reason] += 1
         self.reused_tokens_total += tokens
         self.eligible += eligible or outcome != "miss"
         self.reuse.labels(outcome, reason).inc()
-        self._sources[kv_source(outcome, reason)].inc()
+        self._sources[kv_source(outcome, reason, read)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)
 

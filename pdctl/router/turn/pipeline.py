@@ -181,7 +181,7 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
     v = pre.verdict
     offered = offered_tokens(pre.params, state.config.block_size)
     if first:
-        state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible)
+        state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible, v.read)
         if v.block is not None:
             state.metrics.diverged_at(v.block * state.config.block_size)
     if pre.status == 200:

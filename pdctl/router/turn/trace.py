@@ -32,7 +32,7 @@ from typing import Final
 
 from starlette.types import Message, Send
 
-from pdctl.router.wire import Reuse, kv_source
+from pdctl.router.wire import Reuse
 
 # perf_counter seconds -> Unix nanoseconds (spans are timed with perf_counter, exported in wall-clock time).
 _EPOCH_NS: Final = time.time_ns() - time.perf_counter_ns()
@@ -119,7 +119,7 @@ class Trace:
         a["pdctl.kv.outcome"] = reuse.outcome
         a["pdctl.kv.reason"] = reuse.reason
         a["pdctl.kv.tokens"] = reuse.tokens
-        a["pdctl.kv.source"] = kv_source(reuse.outcome, reuse.reason)
+        a["pdctl.kv.source"] = reuse.source
         a["pdctl.kv.explanation"] = reuse.explanation
         if reuse.block is not None:
             a["pdctl.kv.diverged_block"] = reuse.block
