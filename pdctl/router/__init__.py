@@ -9,7 +9,9 @@ A folder per stage; each imports only the stages below it (tests/test_layering.p
     kv/         conversation identity, decode handles, pins and their release, KV use, kept responses
     upstream/   the engine pools, transport, admission, restart detection, SSE
 and the base every stage may use:
-    wire        the public signals: X-PD-* headers and their reasons, the /stats document (RouterStats)
+    wire        the public signals: the X-PD-* headers; re-exports reasons and documents
+    reasons     why a turn hit or missed (each reason in words) and where its KV came from (kv_source)
+    documents   the /stats document (RouterStats) and the members file (Members)
     config      RouterConfig: every knob, with its default and help
     errors      the one error body (OpenAI's shape; Anthropic's on /v1/messages) and the helpers that send it
     jsonx       fast JSON (orjson when installed)
