@@ -9,6 +9,9 @@
 #                                   commit measured); then bench A (3 legs) in the background, then bench B (2 legs),
 #                                   waiting up to SECONDS in all; repeat `go` until both are done. Each finished
 #                                   bench's report, records and engine logs come back in every later call's $OUT.
+#
+# PDCTL_GPU_RUN=r3 (docs/results/h200-1gpu-r3): after issue 29's own-cache check, one bench of the three legs that
+# check can change (on-prefill, off, on), nothing else.
 set -uo pipefail
 base=/root/pdctl-gpu
 repo=$base/src
@@ -25,6 +28,11 @@ legs_a=(--leg "on-prefill:connector.bidirectional_kv_xfer=true,router.local_pref
         --leg "off-nocache:connector.bidirectional_kv_xfer=false,prefill[0].prefix_caching=false")
 legs_b=(--leg "on:connector.bidirectional_kv_xfer=true"
         --leg "agg:mode=aggregated,model.gpu_memory_utilization=0.9")
+benches="a b"
+if [ "${PDCTL_GPU_RUN:-r2}" = r3 ]; then
+  legs_a=("${legs_a[@]:0:4}" --leg "on:connector.bidirectional_kv_xfer=true")
+  benches="a"
+fi
 
 receive() {
   for p in "$PWD"/.gpu/wh/p42/part* "$PWD"/.gpu/wh/p42/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
@@ -81,7 +89,7 @@ case $stage in
       cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
       touch "$base/setup.done"; tail -15 "$base/saved/setup.txt"
     fi
-    for name in a b; do
+    for name in $benches; do
       [ -e "$base/bench-$name.saved" ] && continue
       if ! running "$name" && [ ! -e "$base/bench-$name.pid" ]; then
         if [ "$name" = a ]; then start_bench a "${legs_a[@]}"; else start_bench b "${legs_b[@]}"; fi
