@@ -3,7 +3,7 @@
 # ON via the prefill / ON default, with the KV moved per warm turn beside each (docs/results/h200-1gpu-r2).
 # Built on scripts/gpu/h200-1gpu.sh (receive/setup stages as in docs/gpu-run.md "One H200"), one stage per device call:
 #
-#   h200-1gpu-r2.sh receive         move the carried wheelhouse part(s) (./.gpu/wh/p42) to /root/pdctl-gpu/parts;
+#   h200-1gpu-r2.sh receive         move the carried wheelhouse part(s) (./.gpu/wh/p*/) to /root/pdctl-gpu/parts;
 #                                   the first call also writes the device facts
 #   h200-1gpu-r2.sh go SECONDS      once: receive the last part, `setup` from the carried .gpu/src (git archive of the
 #                                   commit measured); then bench A (3 legs) in the background, then bench B (2 legs),
@@ -35,7 +35,7 @@ if [ "${PDCTL_GPU_RUN:-r2}" = r3 ]; then
 fi
 
 receive() {
-  for p in "$PWD"/.gpu/wh/p42/part* "$PWD"/.gpu/wh/p42/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
+  for p in "$PWD"/.gpu/wh/p*/part* "$PWD"/.gpu/wh/p*/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
   ls -l "$base/parts"
 }
 
