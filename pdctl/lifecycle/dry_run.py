@@ -96,7 +96,9 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
     if topo.slurm is not None:
         from pdctl.errors import SlurmError
         from pdctl.slurm.allocation import bound
+        from pdctl.slurm.jobs import controller
 
+        controller()  # without one, nothing below can be known: `up` would stop here too
         try:
             topo = bound(topo)
         except SlurmError as exc:  # no running job, so no host to ask: `up` submits (or attaches) first
