@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -123,6 +124,10 @@ def test_dry_run_with_restart_restarts_everything_and_previews_provisioning(
     ]
 
 
+def _comm() -> str:
+    return Path("/proc/self/comm").read_text().strip()
+
+
 def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path) -> None:
     topo = make_topo()
     port = topo.router.port
@@ -136,7 +141,7 @@ def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path)
         "  prefill-0: would start",
         "  router: would start",
         "up would stop here: preflight failed:",
-        f"  local: port {port} needed by router is in use",
+        f"  local: port {port} needed by router is in use by pid {os.getpid()} ({_comm()})",
         "dry run: 4 changes, nothing changed",
     ]
 
