@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -138,6 +139,52 @@ class ListeningPorts(Fact[list[int]]):
 
     def default(self) -> list[int]:
         return []
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """One listening socket on a port: the process behind it where `ss -p` may show it, and its deployment."""
+
+    port: int
+    pid: int | None = None
+    command: str = ""
+    deployment: str | None = None  # PDCTL_DEPLOYMENT in its environment, where /proc/PID/environ is readable
+
+
+@dataclass(frozen=True)
+class PortHolders(Fact[list[PortHolder] | None]):
+    """Who listens on `ports`: `ss -Hltnp` (iproute2) and each holder's PDCTL_DEPLOYMENT marker; None without ss."""
+
+    ports: tuple[int, ...]
+    name: ClassVar[str] = "host.PortHolders"
+    result: ClassVar[object] = list[PortHolder] | None
+    requires_command: ClassVar[str | None] = "ss"
+
+    def command(self, layout: HostLayout) -> str:
+        where = " or ".join(f"sport = :{p}" for p in self.ports)
+        return (
+            f"out=$(ss -Hltnp '( {where} )'); printf '%s\\n' \"$out\" | sed -n 's/^LISTEN/ss LISTEN/p'; "
+            "for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do "
+            "echo \"env $pid $(tr '\\0' '\\n' < /proc/$pid/environ 2>/dev/null | grep -m1 '^PDCTL_DEPLOYMENT=' "
+            "| cut -d= -f2-)\"; done"
+        )
+
+    def process(self, lines: list[str]) -> list[PortHolder] | None:
+        marks = {int(w[1]): w[2] for w in (ln.split() for ln in lines) if len(w) == 3 and w[0] == "env"
+                 and w[1].isdigit()}
+        found: list[PortHolder] = []
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 5 or cols[0] != "ss" or not cols[4].rsplit(":", 1)[-1].isdigit():
+                continue
+            port = int(cols[4].rsplit(":", 1)[-1])
+            users = re.findall(r'\("([^"]*)",pid=(\d+)', line)
+            found += [PortHolder(port, int(pid), comm, marks.get(int(pid))) for comm, pid in users] or [
+                PortHolder(port)]
+        return sorted(set(found), key=lambda h: (h.port, h.pid or 0))
+
+    def default(self) -> list[PortHolder] | None:
+        return None
 
 
 class BootId(Fact[str]):

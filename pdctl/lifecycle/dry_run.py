@@ -30,10 +30,10 @@ from pdctl.remote.shell import expand_home
 from pdctl.state import DeploymentState, StateStore
 from pdctl.topology import Topology
 
-Action = Literal["start", "restart", "stop", "keep", "reload"]
+Action = Literal["start", "restart", "stop", "keep", "reload", "unknown"]
 VERBS: dict[Action, str] = {
     "start": "would start", "restart": "would restart", "stop": "would stop", "keep": "running, left as it is",
-    "reload": "running, would reload its members",
+    "reload": "running, would reload its members", "unknown": "unknown (its host did not answer)",
 }
 FIRST_CHANGE_NOTE = "provisioning shows each operation's first change; more steps may follow it"
 
@@ -55,11 +55,12 @@ class HostDryRun:
     provision: HostPreview | None = None  # None: `up` would not provision (nothing starts, --skip-provision)
     engine_key: str | None = None  # the key file `up` would write here
     unreachable: str | None = None
+    unreachable_hint: str = ""
 
     @property
     def changes(self) -> int:
         ops = len(self.provision.changes) if self.provision else 0
-        return ops + sum(p.action != "keep" for p in self.processes) + (self.engine_key is not None)
+        return ops + sum(p.action not in ("keep", "unknown") for p in self.processes) + (self.engine_key is not None)
 
     @property
     def failures(self) -> list[str]:
@@ -87,6 +88,23 @@ class DryRunReport:
     def changes(self) -> int:
         return sum(h.changes for h in self.hosts)
 
+    @property
+    def unreachable(self) -> list[str]:
+        return [h.node for h in self.hosts if h.unreachable is not None]
+
+    def summary(self) -> str:
+        """The last line: the changes found, and where the plan is unknown because a host did not answer."""
+        total = self.changes
+        found = f"{total} change{'s' * (total != 1)}" if total else "no changes"
+        down = self.unreachable
+        if not down:
+            return f"dry run: {found}, nothing changed" if total else "dry run: no changes"
+        if len(down) == len(self.hosts):
+            return (f"dry run: plan unknown: no host answered ({', '.join(down)}), so what `up` would change is "
+                    "unknown; nothing changed")
+        return (f"dry run: {found} on the hosts that answered; plan unknown on {', '.join(down)} (unreachable); "
+                "nothing changed")
+
 
 def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
     """What `up(topo, options)` would change, read from the hosts now; changes nothing (no lock, no state)."""
@@ -96,7 +114,9 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
     if topo.slurm is not None:
         from pdctl.errors import SlurmError
         from pdctl.slurm.allocation import bound
+        from pdctl.slurm.jobs import controller
 
+        controller()  # without one, nothing below can be known: `up` would stop here too
         try:
             topo = bound(topo)
         except SlurmError as exc:  # no running job, so no host to ask: `up` submits (or attaches) first
@@ -112,15 +132,19 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
         by_node = {h.node: h for h in report.hosts}
         for node, error in failed.items():
             by_node[node].unreachable = error.message.splitlines()[0]
+            by_node[node].unreachable_hint = error.hint
         nodes = sorted({s.node for s in specs if s.node in hosts})
         live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
         known = [s for s in specs if s.node in hosts]
         to_start = _processes(known, state, live, opts.restart, by_node, opts.rolling)
-        if not to_start:
-            report.notes.append("provisioning: not needed, nothing would start")
-            return report
+        for spec in specs:
+            if spec.node in failed:
+                by_node[spec.node].processes.append(ProcessChange(spec.name, "unknown"))
         if failed:
             report.notes.append("provisioning and preflight: not checked while a host is unreachable")
+            return report
+        if not to_start:
+            report.notes.append("provisioning: not needed, nothing would start")
             return report
         try:
             preflight(topo, [s for s in to_start if not live[s.node].get(s.name)], hosts, router_api_key(topo))
@@ -195,6 +219,10 @@ def render_dry_run(report: DryRunReport, console: Console) -> None:
     for host in report.hosts:
         if host.unreachable is not None:
             console.print(f"[red]unreachable[/] {escape(host.node)}: {escape(host.unreachable)}", highlight=False)
+            if host.unreachable_hint:
+                console.print(f"  hint: {escape(host.unreachable_hint)}", highlight=False)
+            for change in host.processes:
+                console.print(f"  {escape(change.describe())}", highlight=False)
             continue
         n = host.changes
         console.print(f"[bold]{escape(host.node)}[/]: " + (f"{n} change{'s' * (n != 1)}" if n else "no changes"),
@@ -214,7 +242,5 @@ def render_dry_run(report: DryRunReport, console: Console) -> None:
         console.print(f"[red]up would stop here[/]: {escape(failure)}", highlight=False)
     if any(h.provision is not None and h.provision.changes for h in report.hosts):
         console.print(FIRST_CHANGE_NOTE, highlight=False)
-    total = report.changes
-    console.print(f"dry run: {total} change{'s' * (total != 1)}, nothing changed" if total
-                  else "dry run: no changes", highlight=False)
+    console.print(escape(report.summary()), highlight=False)
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdctl.errors import LaunchError
-from pdctl.facts.base import Fact, gather, layout_for, layouts_from_env
+from pdctl.facts.base import Fact, HostLayout, gather, layout_for, layouts_from_env, read
 from pdctl.facts.gpu import Gpus, NvidiaSmi
-from pdctl.facts.host import ListeningPorts
+from pdctl.facts.host import ListeningPorts, PortHolder, PortHolders
 from pdctl.plan import ProcessSpec
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
@@ -33,12 +33,13 @@ def preflight(
         return values[facts[0].key()], values[facts[1].key()] if want_gpus else None
 
     found = parallel(nodes, probe)
+    busy = {s.name: [p for p in s.ports if p in found[s.node][0]] for s in to_start}
+    who = _holders(topo, to_start, busy, hosts, layouts)
     problems: list[str] = []
     for spec in to_start:
-        listening, gpus = found[spec.node]
-        busy = [p for p in spec.ports if p in listening]
-        if busy:
-            problems.append(f"{spec.node}: port {', '.join(map(str, busy))} needed by {spec.name} is in use")
+        _, gpus = found[spec.node]
+        problems += [f"{spec.node}: port {p} needed by {spec.name} is in use {who[spec.node, p]}"
+                     for p in busy[spec.name]]
         if gpus is not None and spec.gpus:
             have = {g.index for g in gpus.gpus}
             missing = sorted(set(spec.gpus) - have)
@@ -51,6 +52,40 @@ def preflight(
             hint=f"free the ports (a previous deployment? `pdctl down -t {topo.file}` for {topo.name}) "
             "or change them in the topology",
         )
+
+
+def _holders(
+    topo: Topology, specs: Sequence[ProcessSpec], busy: Mapping[str, list[int]], hosts: Mapping[str, Transport],
+    layouts: Mapping[str, HostLayout],
+) -> dict[tuple[str, int], str]:
+    """(node, busy port) -> who holds it, in words, read with `ss` over the node's transport."""
+    ports: dict[str, set[int]] = {}
+    for spec in specs:
+        ports.setdefault(spec.node, set()).update(busy[spec.name])
+    wanted = {n: tuple(sorted(p)) for n, p in ports.items() if p}
+    seen = parallel(list(wanted), lambda n: read(hosts[n], PortHolders(wanted[n]), layout_for(layouts, n)))
+    return {(n, p): holder_words(topo, n, p, seen[n]) for n, ps in wanted.items() for p in ps}
+
+
+def holder_words(topo: Topology, node: str, port: int, holders: list[PortHolder] | None) -> str:
+    """`by pid 4711 (python3)`, with the pdctl deployment it belongs to and the command that stops it."""
+    if holders is None:
+        return (f"by a process pdctl cannot name (iproute2's `ss` is not on {node}; "
+                f"`sudo lsof -iTCP:{port} -sTCP:LISTEN` there shows it)")
+    named = list({h.pid: h for h in holders if h.port == port and h.pid is not None}.values())
+    if not named:
+        return f"by a process pdctl cannot see (run `sudo ss -ltnp 'sport = :{port}'` on {node})"
+    words = []
+    for h in named:
+        text = f"by pid {h.pid} ({h.command})"
+        if h.deployment == topo.name:
+            text += (f", a process of this deployment ({topo.name}): `pdctl status -t {topo.file}` shows it, "
+                     f"`pdctl down -t {topo.file}` stops it")
+        elif h.deployment:
+            text += (f" of pdctl deployment `{h.deployment}`: `pdctl status -t <its topology file>` shows it, "
+                     "`pdctl down -t <its topology file>` stops it")
+        words.append(text)
+    return "; ".join(words)
 
 
 def _api_key(topo: Topology, to_start: Sequence[ProcessSpec], api_key: str | None) -> None:

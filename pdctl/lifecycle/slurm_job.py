@@ -40,6 +40,7 @@ def allocation(topo: Topology, console: Console, store: StateStore, state: Deplo
     """`topo` bound to a running job for `up`. A job this call submitted is cancelled again when what follows
     fails before any process of the deployment was started (nothing is left queued or holding hosts)."""
     assert topo.slurm is not None
+    jobs.controller()
     submitted_now = False
     jobid: int | None = topo.slurm.jobid
     if jobid is not None:

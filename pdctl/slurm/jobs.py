@@ -6,7 +6,9 @@ they find the cluster through the usual `SLURM_CONF` / `/etc/slurm/slurm.conf`.
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -57,7 +59,48 @@ def slurm(argv: Sequence[str], *, timeout: float = 30.0) -> subprocess.Completed
                          hint="check that slurmctld is up (`scontrol ping`)") from None
 
 
+def controller() -> None:
+    """`scontrol ping` here: a SlurmError naming this machine, SLURM_CONF and munge when no controller answers."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):
+        raise unreachable(f"SLURM_CONF names {conf}, which does not exist")
+    try:
+        res = slurm(["scontrol", "ping"])
+    except SlurmError as exc:
+        if exc.hint == TOOLS_HINT:  # not installed: that message says it already
+            raise
+        raise unreachable(exc.message) from None
+    if res.returncode != 0 or " is DOWN" in res.stdout:
+        raise unreachable(_said(res))
+
+
+def unreachable(detail: str) -> SlurmError:
+    """The one message for a controller this machine cannot reach, whichever Slurm command found out."""
+    conf = os.environ.get("SLURM_CONF")
+    where = f"SLURM_CONF ({conf})" if conf else "/etc/slurm/slurm.conf (SLURM_CONF is not set)"
+    return SlurmError(
+        f"the Slurm controller is unreachable from {socket.gethostname()} (the login node pdctl runs its Slurm "
+        f"commands on): {detail}",
+        hint=f"run `scontrol ping` on {socket.gethostname()}: slurmctld must be up and reachable from here, "
+        f"{where} must be this cluster's slurm.conf, and munged must run here (`munge -n | unmunge`)",
+    )
+
+
+def _said(res: subprocess.CompletedProcess[str]) -> str:
+    """What a Slurm command printed, on one line, without its banners."""
+    lines = [ln.strip() for ln in (res.stdout + "\n" + res.stderr).splitlines()]
+    text = " ".join(ln for ln in lines if ln and not ln.startswith("**"))
+    return text[-300:] or f"exit status {res.returncode}"
+
+
+def _no_controller(res: subprocess.CompletedProcess[str]) -> bool:
+    text = res.stderr + res.stdout
+    return any(s in text for s in ("Unable to contact slurm controller", "Could not establish a configuration source"))
+
+
 def failed(argv: Sequence[str], res: subprocess.CompletedProcess[str]) -> SlurmError:
+    if _no_controller(res):
+        return unreachable(f"`{shlex.join(argv)}`: {_said(res)}")
     tail = " ".join((res.stderr or res.stdout).split())[-300:]
     return SlurmError(f"`{shlex.join(argv)}` exited {res.returncode}: {tail}",
                       hint="see Slurm's message above; `sinfo` shows the partitions and their hosts")
@@ -169,6 +212,9 @@ def cancel(target: str, *, wait: float = 30.0, jobid: int | None = None) -> None
 
 def by_name(name: str) -> int | None:
     """The newest active job of this user named `name` (how a lost state file's job is found again)."""
-    res = slurm(["squeue", "-h", "--me", "--name", name, "-o", "%i"])
+    argv = ["squeue", "-h", "--me", "--name", name, "-o", "%i"]
+    res = slurm(argv)
+    if res.returncode != 0 and _no_controller(res):
+        raise failed(argv, res)
     ids = [int(w) for w in res.stdout.split() if w.isdigit()] if res.returncode == 0 else []
     return max(ids) if ids else None

@@ -69,3 +69,25 @@ def test_a_bench_without_a_terminal_prints_the_estimate_then_progress_lines(
         ]
         assert " done (8/8 requests, " in done[-1]
     assert "bench passed" in result.stdout and "bench passed" not in result.stderr
+
+
+def test_the_estimate_is_its_terms_per_leg_plus_once_per_bench() -> None:
+    """Per leg: the conversations (clients at a time), two warm-up turns, the redeploy; once: start and report."""
+    from pdctl.bench.estimate import BENCH_OVERHEAD_S, LEG_OVERHEAD_S, REQUEST_OVERHEAD_MS, play_s, turn_ms, warmup_s
+
+    spec = WorkloadSpec(lengths=(2000, 8000), conversations=2, turns=3, user_tokens=100, output_tokens=10)
+    # an infinitely fast simulator leaves only the fixed cost of each request
+    assert turn_ms(5000, 10, 0.0) == REQUEST_OVERHEAD_MS
+    assert play_s(spec, 1, "sim", float("inf")) == 12 * REQUEST_OVERHEAD_MS / 1e3
+    # turn t of a conversation of length L prefills L + t * (user + output) tokens
+    assert play_s(spec, 1, "sim", 1.0) * 1e3 == sum(turn_ms(n + t * 110, 10, 1.0) for n in (2000, 8000)
+                                                    for t in range(3)) * 2
+    # two clients play the two conversations of each length side by side: half the time, not more clients' worth
+    assert play_s(spec, 2, "sim", 1.0) == play_s(spec, 1, "sim", 1.0) / 2
+    assert play_s(spec, 8, "sim", 1.0) == play_s(spec, 2, "sim", 1.0)
+    assert warmup_s(spec, "sim", 1.0) * 1e3 == turn_ms(2000, 10, 1.0) + turn_ms(2110, 10, 1.0)
+    per_leg = play_s(spec, 2, "sim", 10.0) + warmup_s(spec, "sim", 10.0)
+    redeployed = estimate(spec, legs=2, clients=2, engine="sim", speed=10.0, redeploy=True)
+    assert redeployed.seconds == 2 * (per_leg + LEG_OVERHEAD_S["sim"]) + BENCH_OVERHEAD_S
+    kept = estimate(spec, legs=1, clients=2, engine="sim", speed=10.0, redeploy=False)
+    assert kept.seconds == per_leg + BENCH_OVERHEAD_S

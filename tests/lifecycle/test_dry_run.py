@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -14,6 +15,7 @@ import pdctl
 from pdctl.lifecycle import up
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
+from tests.conftest import free_port
 from tests.lifecycle.conftest import MakeTopo, dry_run, topology_yaml
 
 pytestmark = pytest.mark.slow
@@ -122,6 +124,10 @@ def test_dry_run_with_restart_restarts_everything_and_previews_provisioning(
     ]
 
 
+def _comm() -> str:
+    return Path("/proc/self/comm").read_text().strip()
+
+
 def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path) -> None:
     topo = make_topo()
     port = topo.router.port
@@ -135,6 +141,28 @@ def test_a_busy_port_is_where_up_would_stop(make_topo: MakeTopo, tmp_path: Path)
         "  prefill-0: would start",
         "  router: would start",
         "up would stop here: preflight failed:",
-        f"  local: port {port} needed by router is in use",
+        f"  local: port {port} needed by router is in use by pid {os.getpid()} ({_comm()})",
         "dry run: 4 changes, nothing changed",
+    ]
+
+
+def test_no_host_answers_so_the_plan_is_unknown(make_topo: MakeTopo, tmp_path: Path) -> None:
+    """Three SSH nodes on loopback ports nothing listens on: each refused, none said to have "no changes"."""
+    ports = {n: free_port() for n in ("h1", "h2", "h3")}
+    nodes: list[dict[str, object]] = [{"name": n, "address": "127.0.0.1", "transport": "ssh", "port": p,
+                                       "user": "root", "ssh_alias": "null"} for n, p in ports.items()]
+    topo = make_topo(nodes=nodes, placement=("h2", "h3", "h1"), python_venv=str(tmp_path / "venv"))
+    result = dry_run(tmp_path / f"{topo.name}.yaml", exit_code=1)
+    assert result.stdout.splitlines() == [
+        f"unreachable h1: h1: unreachable: root@127.0.0.1:{ports['h1']}: connection refused",
+        "  hint: is the host up and sshd running?",
+        "  router: unknown (its host did not answer)",
+        f"unreachable h2: h2: unreachable: root@127.0.0.1:{ports['h2']}: connection refused",
+        "  hint: is the host up and sshd running?",
+        "  prefill-0: unknown (its host did not answer)",
+        f"unreachable h3: h3: unreachable: root@127.0.0.1:{ports['h3']}: connection refused",
+        "  hint: is the host up and sshd running?",
+        "  decode-0: unknown (its host did not answer)",
+        "provisioning and preflight: not checked while a host is unreachable",
+        "dry run: plan unknown: no host answered (h1, h2, h3), so what `up` would change is unknown; nothing changed",
     ]

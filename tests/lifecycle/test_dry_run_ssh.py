@@ -131,7 +131,9 @@ def test_dry_run_reports_a_host_that_does_not_answer(make_topo: MakeTopo, lab: S
         "h2: 1 change",
         "  prefill-0: would start",
         f"unreachable h3: h3: unreachable: root@{lab.hosts[2].address}:{dead}: connection refused",
+        "  hint: is the host up and sshd running?",
+        "  decode-0: unknown (its host did not answer)",
         "provisioning and preflight: not checked while a host is unreachable",
-        "dry run: 2 changes, nothing changed",
+        "dry run: 2 changes on the hosts that answered; plan unknown on h3 (unreachable); nothing changed",
     ]
     assert LocalTransport().find_by_marker(topo.name) == []

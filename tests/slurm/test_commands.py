@@ -101,6 +101,7 @@ def test_a_machine_without_the_slurm_tools_is_told_where_to_run(tmp_path: Path,
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     res = runner.invoke(app, ["up", "-t", str(_write(tmp_path, "{}")), "--skip-provision"])
     assert res.exit_code == 1, res.output
-    assert "Error: `squeue` is not installed on this machine" in res.stderr
+    # the first Slurm command `up` runs is `scontrol ping` (is the controller there?)
+    assert "Error: `scontrol` is not installed on this machine" in res.stderr
     assert "hint: run pdctl on a login node of the cluster: it needs sbatch, srun, squeue, scontrol, scancel and " \
         "sinfo" in res.stderr
