@@ -19,10 +19,11 @@ import pdctl
 from pdctl.facts.base import Fact, HostLayout, gather, layouts_from_env
 from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion, PeerMem
 from pdctl.facts.gpu import GpuMemory, GpuMemoryUse, NvidiaSmi
-from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, Sudo
+from pdctl.facts.host import Arch, DiskFree, ListeningPorts, Memlock, OsRelease, PortHolders, Sudo
 from pdctl.facts.python import VllmCompat
 from pdctl.lifecycle import provision
 from pdctl.lifecycle.connect import reachable
+from pdctl.lifecycle.preflight import holder_words
 from pdctl.lifecycle.provision import contexts
 from pdctl.operations import efa as efa_op
 from pdctl.operations import model, python
@@ -77,9 +78,16 @@ class DoctorReport:
             yield table
 
 
-def facts_for(ctx: Context) -> list[Fact[Any]]:
+def node_ports(ctx: Context, specs: Sequence[ProcessSpec]) -> tuple[int, ...]:
+    return tuple(sorted({p for s in specs if s.node == ctx.node.name for p in s.ports}))
+
+
+def facts_for(ctx: Context, ports: tuple[int, ...] = ()) -> list[Fact[Any]]:
+    """What doctor reads on one host; `ports` (the host's planned ports): who holds any of them, too."""
     disk = ctx.topo.hf_home if ctx.vllm and ctx.topo.hf_home else ctx.work_dir
     facts: list[Fact[Any]] = [OsRelease(), Arch(), Sudo(), Memlock(), DiskFree(disk), ListeningPorts()]
+    if ports:
+        facts.append(PortHolders(ports))
     facts.append(python.venv_state(ctx, tuple(r.name for r in python.requirements(ctx))))
     if ctx.vllm:
         facts += [NvidiaSmi(), GpuMemory(), VllmCompat(ctx.python), model.snapshot_fact(ctx)]
@@ -119,9 +127,12 @@ def host_checks(
                 snap.path or (f"{local} has no config.json" if local else f"{topo.model.id} not found"),
                 f"copy the model to {local} (`pdctl up` refuses without it), or unset model.local_dir to download "
                 "model.id" if local else "`pdctl up` downloads it")
-    ports = sorted({p for s in specs if s.node == ctx.node.name for p in s.ports})
+    ports = node_ports(ctx, specs)
     busy = [p for p in ports if p in get(ListeningPorts())]
-    out.add("ports", not busy, f"busy: {busy}" if busy else f"free: {ports}", "stop what listens (`pdctl down`?)")
+    holders = values.get(PortHolders(ports).key()) if busy else None
+    held = "; ".join(f"{p} {holder_words(topo, ctx.node.name, p, holders)}" for p in busy)
+    out.add("ports", not busy, f"busy: {held}" if busy else f"free: {list(ports)}",
+            "stop what listens (`pdctl down`?)")
     free = get(DiskFree(topo.hf_home if ctx.vllm and topo.hf_home else ctx.work_dir))
     need = 100 * GIB if ctx.vllm and not topo.model.local_dir else GIB
     out.add("disk", free is not None and free >= need, f"{(free or 0) / GIB:.0f} GiB free",
@@ -248,7 +259,7 @@ def doctor(
     ctxs = {c.node.name: c for c in contexts(topo, specs, layouts) if c.node.name in hosts}
 
     def read(ctx: Context) -> dict[str, Any]:
-        wanted = {f.key(): f for f in [*facts_for(ctx), *provision.facts_for(ctx)]}
+        wanted = {f.key(): f for f in [*facts_for(ctx, node_ports(ctx, specs)), *provision.facts_for(ctx)]}
         return gather(hosts[ctx.node.name], list(wanted.values()), ctx.layout)
 
     values = parallel(ctxs, lambda n: read(ctxs[n]), max_workers=len(ctxs))

@@ -3,6 +3,7 @@ deployment from its PDCTL_DEPLOYMENT marker), with a real listener on loopback h
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,15 @@ def test_a_holder_pdctl_cannot_see_or_no_ss(make_topo: MakeTopo) -> None:
     assert holder_words(topo, "h2", 8000, None) == (
         "by a process pdctl cannot name (iproute2's `ss` is not on h2; `sudo lsof -iTCP:8000 -sTCP:LISTEN` there "
         "shows it)")
+
+
+def test_doctor_names_the_holder_of_a_busy_port(make_topo: MakeTopo, listen: Listen) -> None:
+    topo = make_topo()
+    port = topo.prefill[0].port
+    holder = listen(port, "h33-other")
+    result = CliRunner().invoke(app, ["doctor", "-t", str(topo.file), "--json"])
+    assert result.exit_code == 1, result.output
+    checks = {c["name"]: c for h in json.loads(result.stdout)["hosts"] for c in h["checks"]}
+    assert checks["ports"]["value"] == (
+        f"busy: {port} by pid {holder.pid} ({_comm(holder.pid)}) of pdctl deployment `h33-other`: `pdctl status -t "
+        "<its topology file>` shows it, `pdctl down -t <its topology file>` stops it")

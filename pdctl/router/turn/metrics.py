@@ -47,7 +47,8 @@ class RouterMetrics:
                             "blocks).", ["index"], registry=r)
         self.kv_source = Counter("pdctl_router_turn_kv_source", "Turns by where their prompt KV came from: "
                                  "decode_read (D->P), decode_cache (a local turn), prefill_cache (the "
-                                 "prefill's own cache, nothing read), prefill_whole (overflow_kv), recomputed (a miss).", ["source"], registry=r)
+                                 "prefill's own cache, nothing read), prefill_whole (overflow_kv), recomputed "
+                                 "(a miss).", ["source"], registry=r)
         self.kv_moved = Histogram("pdctl_router_kv_moved_tokens", "KV tokens one turn moved between engines: d_to_p "
                                   "(the prefill read the decode's verified tokens), p_to_d (the prompt KV the "
                                   "prefill offered the decode; its prefix cache may hold part).", ["direction"],
