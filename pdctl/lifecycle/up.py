@@ -87,7 +87,9 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         if to_start and not kept and topo.engine == "vllm":
             state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to
         store.save(state)
-        if to_start:
+        # a replacement (`--restart --rolling` after an upgrade of python.vllm_version, say) runs what provisioning
+        # installs: provision before it, as before a start
+        if to_start or decision.replace:
             preflight(topo, to_start, hosts, router_api_key(topo))
             if any(s.role == "lb" for s in to_start):  # before anything starts: the fix is an install
                 balancer.check_binary(topo, hosts[topo.router.node])
