@@ -71,3 +71,23 @@ def haproxy_config(bind: str, port: int, routers: Sequence[Backend], headers: Se
         *servers,
     ]
     return "\n".join(lines) + "\n"
+
+
+def servers_of(text: str) -> dict[str, str]:
+    """Pure: the routers a haproxy.cfg (as `haproxy_config` writes it) sends to: name -> host:port."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] == "server":
+            out[words[1]] = words[2]
+    return out
+
+
+def server_diff(old_text: str | None, new: Sequence[Backend]) -> str:
+    """Pure: how the routers of a new config differ from the old one's: "+router-3 -router-2", "router-1 moves
+    to 127.0.0.1:9002", or "its settings" where the routers are the same."""
+    old = servers_of(old_text or "")
+    wanted = {b.name: f"{b.host}:{b.port}" for b in new}
+    parts = [f"+{n}" for n in wanted if n not in old] + [f"-{n}" for n in old if n not in wanted]
+    parts += [f"{n} moves to {a}" for n, a in wanted.items() if n in old and old[n] != a]
+    return " ".join(parts) or "its settings"

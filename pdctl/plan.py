@@ -371,8 +371,10 @@ def _router_spec(topo: Topology, argv: list[str], at: Place) -> ProcessSpec:
 
 
 def _lb(topo: Topology) -> ProcessSpec:
-    """HAProxy in front of the routers, in the foreground (`-db`): its stdout is its log. `up` writes its config
-    (pdctl.lb_config) first; it carries the deployment's marker like every other process, and no key."""
+    """HAProxy in front of the routers: master-worker (`-W`) in the foreground (`-db`), so pdctl's pid is the
+    master's, which a SIGUSR2 reloads (a new config, new worker; the old one finishes what it holds); its stdout
+    is its log. `up` writes its config (pdctl.lb_config) first; it carries the deployment's marker like every
+    other process, and no key."""
     r = topo.router
     node = topo.node(r.node)
     url = f"http://{node.address}:{r.port}"
@@ -381,7 +383,7 @@ def _lb(topo: Topology) -> ProcessSpec:
         role="lb",
         node=node.name,
         host=node.address,
-        argv=(r.lb_binary, "-db", "-f", lb_config_path(topo)),
+        argv=(r.lb_binary, "-W", "-db", "-f", lb_config_path(topo)),
         env={MARKER: topo.name},
         workdir=run_dir(topo, node.name),
         log_path=f"{run_dir(topo, node.name)}/logs/lb.log",

@@ -10,11 +10,15 @@
   rolling      through the LB while `up --restart --rolling` replaces every engine and router of 2P2D, one at a
                time
   router-kill  through the LB, router-1 SIGKILLed at 1/3 and brought back by `up`
+  routers      through the LB while `up` takes the routers 3 -> 2 -> 3 (HAProxy reloaded, nothing restarted)
 
 Per phase: requests, failed requests (and how many had started on the killed router), turns 2+ hit rate, warm
 TTFT p50/p90 (turns 2+ that hit), the simulator's oracle (corrupt reuses, summed over the engines running then).
 
     python scripts/replica_bench.py --streams 8 --seconds 10
+    python scripts/replica_bench.py --streams 1000 --seconds 60 --only router-kill   # the issue's scale
+
+`--only` runs the one-router baseline and the phases named (comma-separated).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from tests.support.load import Load, Tally, corrupt_reuses
 
 def topology(work: Path, ports: list[tuple[int, int]], n: int, router: int, replica_port: int) -> str:
     insts = [f"  - {{node: local, port: {p}, side_channel_port: {s}}}" for p, s in ports]
-    return f"""name: h30b-bench
+    return f"""name: h34-bench
 engine: sim
 nodes:
   - {{name: local, address: 127.0.0.1, transport: local}}
@@ -69,7 +73,8 @@ def report(name: str, tally: Tally, oracle: float, killed_at: float | None = Non
                     and r.router in (None, "router-1"))
     p50 = statistics.median(warm) * 1000 if warm else float("nan")
     p90 = warm[int(len(warm) * 0.9)] * 1000 if warm else float("nan")
-    print(f"{name:12} requests {len(tally.requests):5}  failed {len(lost):3} (in flight on the killed router "
+    print(f"{name:12} conversations {tally.conversations:5} requests {len(tally.requests):5}  "
+          f"failed {len(lost):3} (in flight on the killed router "
           f"{on_killed})  turns2+ hit rate {tally.hit_rate:6.1%}  warm TTFT p50 {p50:6.1f} ms p90 {p90:6.1f} ms  "
           f"oracle {oracle:g}", flush=True)
     if lost:
@@ -87,11 +92,16 @@ def phase(url: str, streams: int, seconds: float, during: Callable[[], None] | N
         return load_.stop()
 
 
+PHASES = ("3-routers", "scale-out", "rolling", "router-kill", "routers")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--only", default=",".join(PHASES), help=f"phases after the baseline, of {','.join(PHASES)}")
     args = ap.parse_args()
+    wanted = set(args.only.split(","))
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
     with tempfile.TemporaryDirectory(prefix="h30b-bench-") as tmp:
         os.environ["PDCTL_HOME"] = f"{tmp}/home"
@@ -113,18 +123,21 @@ def main() -> None:
                 state = StateStore(small.name).load()
                 return [r.url for r in state.processes.values() if r.role in ("prefill", "decode")] if state else []
 
-            print(f"simulated 1P1D (2P2D after scale-out), 3 routers behind HAProxy; {args.streams} streams x "
-                  f"{args.seconds:g} s per phase", flush=True)
+            print(f"SIMULATED engines: 1P1D (2P2D after scale-out), 3 routers behind HAProxy; {args.streams} "
+                  f"streams x {args.seconds:g} s per phase", flush=True)
             report("one-router", phase(routers["router-0"], args.streams, args.seconds), corrupt_reuses(engines(), key))
-            report("3-routers", phase(lb, args.streams, args.seconds), corrupt_reuses(engines(), key))
+            if "3-routers" in wanted:
+                report("3-routers", phase(lb, args.streams, args.seconds), corrupt_reuses(engines(), key))
             def grow() -> None:
                 up(big, quiet, UpOptions(smoke=False))
                 current[0] = big
 
-            report("scale-out", phase(lb, args.streams, args.seconds, grow), corrupt_reuses(engines(), key))
-            report("rolling", phase(lb, args.streams, args.seconds, lambda: up(
-                big, quiet, UpOptions(restart=True, rolling=True, smoke=False)) and None),
-                corrupt_reuses(engines(), key))
+            if "scale-out" in wanted:
+                report("scale-out", phase(lb, args.streams, args.seconds, grow), corrupt_reuses(engines(), key))
+            if "rolling" in wanted:
+                report("rolling", phase(lb, args.streams, args.seconds, lambda: up(
+                    current[0], quiet, UpOptions(restart=True, rolling=True, smoke=False)) and None),
+                    corrupt_reuses(engines(), key))
 
             killed: list[float] = []
 
@@ -135,10 +148,22 @@ def main() -> None:
                 killed.append(time.monotonic())
                 os.kill(state.processes["router-1"].pid, signal.SIGKILL)
                 time.sleep(1.0)
-                up(big, quiet, UpOptions(smoke=False))
+                up(current[0], quiet, UpOptions(smoke=False))
 
-            tally = phase(lb, args.streams, args.seconds, kill)
-            report("router-kill", tally, corrupt_reuses(engines(), key), killed[0] if killed else None)
+            if "router-kill" in wanted:
+                tally = phase(lb, args.streams, args.seconds, kill)
+                report("router-kill", tally, corrupt_reuses(engines(), key), killed[0] if killed else None)
+
+            def rescale() -> None:
+                src = paths[1] if current[0] is big else paths[0]
+                text = src.read_text()
+                for n in (2, 3):
+                    time.sleep(args.seconds / 3)
+                    src.write_text(text.replace("replicas: 3,", f"replicas: {n},"))
+                    up(load(src), quiet, UpOptions(smoke=False))
+
+            if "routers" in wanted:
+                report("routers", phase(lb, args.streams, args.seconds, rescale), corrupt_reuses(engines(), key))
         finally:
             down(current[0], quiet)
 

@@ -16,8 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from pdctl.errors import LaunchError
+from pdctl.lb_config import server_diff
 from pdctl.lifecycle import launch
 from pdctl.lifecycle.connect import reachable
+from pdctl.lifecycle.lb import backends as routers_of
+from pdctl.lifecycle.lb import current_config, lb_spec, wanted_config
+from pdctl.lifecycle.live import ONE_ROUTER_RESTART
 from pdctl.lifecycle.preflight import preflight
 from pdctl.lifecycle.provision import HostPreview, preview
 from pdctl.lifecycle.smoke import router_api_key
@@ -30,11 +34,15 @@ from pdctl.remote.shell import expand_home
 from pdctl.state import DeploymentState, StateStore
 from pdctl.topology import Topology
 
-Action = Literal["start", "restart", "stop", "keep", "reload", "unknown"]
+Action = Literal["start", "restart", "stop", "keep", "reload", "reload-lb", "unknown"]
 VERBS: dict[Action, str] = {
     "start": "would start", "restart": "would restart", "stop": "would stop", "keep": "running, left as it is",
-    "reload": "running, would reload its members", "unknown": "unknown (its host did not answer)",
+    "reload": "running, would reload its members", "reload-lb": "running, would reload the load balancer",
+    "unknown": "unknown (its host did not answer)",
 }
+LB_RELOAD = "SIGUSR2 to its master, which keeps its pid; the old worker finishes the connections it holds"
+ROUTER_LEAVES = ("not in the topology: drained at the load balancer first, left out of its reloaded config, "
+                 "stopped once no request is open on it")
 FIRST_CHANGE_NOTE = "provisioning shows each operation's first change; more steps may follow it"
 
 
@@ -137,6 +145,7 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
         live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
         known = [s for s in specs if s.node in hosts]
         to_start = _processes(known, state, live, opts.restart, by_node, opts.rolling)
+        _lb_reload(topo, known, hosts, by_node)
         for spec in specs:
             if spec.node in failed:
                 by_node[spec.node].processes.append(ProcessChange(spec.name, "unknown"))
@@ -189,7 +198,7 @@ def _processes(
             why = "--restart --rolling" if restart else "its argv changed"
             lb = any(s.role == "lb" for s in specs)
             how = ("drained at the load balancer first, then restarted alone, the other routers serving"
-                   if spec.role == "router" and lb else "its in-flight requests end" if spec.role == "router" else
+                   if spec.role == "router" and lb else ONE_ROUTER_RESTART if spec.role == "router" else
                    "drained first, then restarted alone, the others serving")
             change = ProcessChange(spec.name, "restart", f"{why}: {how}")
         elif spec.role == "router" and spec.name in decision.kept and (joining or decision.removed):
@@ -203,7 +212,30 @@ def _processes(
         hosts[record.node].processes.append(ProcessChange(
             name, "stop", "not in the topology: drained first (no new turns, in-flight ones finish, its handles "
             "released)"))
+    for name in decision.removed_routers:
+        hosts[state.processes[name].node].processes.append(ProcessChange(name, "stop", ROUTER_LEAVES))
     return decision.start
+
+
+def _lb_reload(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, Transport],
+               by_node: Mapping[str, HostDryRun]) -> None:
+    """The running load balancer's line becomes a reload where its config would change (routers added, removed
+    or moved, a conversation header): the config `up` would leave, against the one on the node now."""
+    lb = lb_spec(specs)
+    if lb is None:
+        return
+    changes = by_node[lb.node].processes
+    at = next((i for i, c in enumerate(changes) if c.name == lb.name and c.action == "keep"), None)
+    if at is None:
+        return
+    transport = hosts[lb.node]
+    current = current_config(topo, transport)
+    final = routers_of(specs)
+    if wanted_config(topo, final, transport) != current:
+        names = {b.name for b in final}
+        new = any(c.action == "start" and c.name in names for h in by_node.values() for c in h.processes)
+        when = "once the new routers answer; " if new else ""
+        changes[at] = ProcessChange(lb.name, "reload-lb", f"{server_diff(current, final)}; {when}{LB_RELOAD}")
 
 
 def _missing_keys(topo: Topology, hosts: Mapping[str, Transport]) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The load balancer in front of several routers (`router.replicas` > 1), from pdctl's side: check HAProxy is
-there, write its configuration, and drain / re-admit one router through its admin socket (for a rolling restart
-of the routers). Everything goes through the router node's transport, like the members file.
+there, write its configuration and reload it (master-worker: SIGUSR2 to the master), and drain / re-admit one
+router through its admin socket (for a rolling restart of the routers). Everything goes through the router node's
+transport, like the members file.
 """
 
 from __future__ import annotations
@@ -9,15 +10,17 @@ import shlex
 import time
 from collections.abc import Sequence
 
-from pdctl.errors import LaunchError
+from pdctl.errors import LaunchError, RemoteCommandError
 from pdctl.lb_config import BACKEND, Backend, haproxy_config
 from pdctl.plan import ProcessSpec, lb_config_path, lb_socket_path, python_for
 from pdctl.remote.base import Transport
 from pdctl.remote.shell import expand_home
 from pdctl.router.config import DEFAULT_HEADERS
+from pdctl.state import ProcessRecord
 from pdctl.topology import Topology
 
 POLL_S = 0.2
+RELOAD_TIMEOUT_S = 30.0
 INSTALL_HINT = ("install HAProxy on that node (Debian/Ubuntu: `sudo apt-get install -y haproxy`), or point "
                 "router.lb_binary at it")
 
@@ -61,24 +64,68 @@ def _home(transport: Transport, path: str) -> str:
     return transport.check('printf %s "$HOME"', timeout=30.0).stdout.strip() + path[1:]
 
 
-def config_text(topo: Topology, specs: Sequence[ProcessSpec], socket_path: str) -> str:
+def config_text(topo: Topology, backends: Sequence[Backend], socket_path: str) -> str:
     node = topo.node(topo.router.node)
-    backends = [Backend(s.name, s.host, s.ports[0]) for s in routers(specs)]
     headers = [h.lower() for h in (topo.router.conversation_headers or DEFAULT_HEADERS)]
     return haproxy_config(topo.router.bind or node.address, topo.router.port, backends, headers, socket_path)
 
 
+def backends(specs: Sequence[ProcessSpec]) -> list[Backend]:
+    return [Backend(s.name, s.host, s.ports[0]) for s in routers(specs)]
+
+
+def wanted_config(topo: Topology, backends_: Sequence[Backend], transport: Transport) -> str:
+    return config_text(topo, backends_, _home(transport, lb_socket_path(topo)))
+
+
+def current_config(topo: Topology, transport: Transport) -> str | None:
+    """The haproxy.cfg on the router's node now (what the running LB loaded), None where there is none."""
+    return transport.read_text(lb_config_path(topo))
+
+
 def write_config(topo: Topology, specs: Sequence[ProcessSpec], transport: Transport) -> None:
-    """haproxy.cfg next to the members file (0600), then `haproxy -c` on it: a config HAProxy refuses stops `up`
-    here with HAProxy's own words, before anything listens."""
-    text = config_text(topo, specs, _home(transport, lb_socket_path(topo)))
+    install_config(topo, wanted_config(topo, backends(specs), transport), transport)
+
+
+def install_config(topo: Topology, text: str, transport: Transport) -> None:
+    """haproxy.cfg next to the members file (0600): written aside, checked with `haproxy -c` and only then moved
+    in place. A config HAProxy refuses stops `up` here with HAProxy's own words, the running LB's file untouched."""
     target = expand_home(lb_config_path(topo))
-    transport.check(f'mkdir -p "$(dirname {target})" && umask 077 && cat > {target}.tmp.$$ && '
-                    f"mv {target}.tmp.$$ {target}", stdin=text.encode(), timeout=30.0)
-    res = transport.run(f"{expand_home(topo.router.lb_binary)} -c -q -f {target}", timeout=30.0)
+    transport.check(f'mkdir -p "$(dirname {target})" && umask 077 && cat > {target}.new', stdin=text.encode(),
+                    timeout=30.0)
+    res = transport.run(f"{expand_home(topo.router.lb_binary)} -c -q -f {target}.new", timeout=30.0)
     if not res.ok:
         raise LaunchError(f"HAProxy refuses {lb_config_path(topo)} on {topo.router.node}: "
                           f"{(res.stderr or res.stdout).strip()[-400:]}", hint=INSTALL_HINT)
+    transport.check(f"mv {target}.new {target}", timeout=30.0)
+
+
+def worker_pid(topo: Topology, transport: Transport) -> int | None:
+    """The pid of the HAProxy worker that answers the admin socket (`show info`), None where none answers."""
+    try:
+        out = command(topo, transport, "show info")
+    except RemoteCommandError:
+        return None
+    for line in out.splitlines():
+        if line.startswith("Pid:") and line[4:].strip().isdigit():
+            return int(line[4:])
+    return None
+
+
+def reload(topo: Topology, transport: Transport, master: ProcessRecord, timeout: float = RELOAD_TIMEOUT_S) -> None:
+    """SIGUSR2 to the master pdctl started (its recorded pid): it re-reads haproxy.cfg and forks a new worker;
+    the old worker stops listening and finishes the connections it holds. Done once a new worker answers."""
+    old = worker_pid(topo, transport)
+    transport.signal([master.pid], [], "USR2")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = worker_pid(topo, transport)
+        if now is not None and now != old:
+            return
+        time.sleep(POLL_S)
+    raise LaunchError(f"the load balancer on {topo.router.node} did not reload {lb_config_path(topo)} within "
+                      f"{timeout:g}s (its worker is still pid {old})",
+                      hint=f"see its log (`pdctl logs -t {topo.file} lb`); `pdctl up` again retries")
 
 
 def command(topo: Topology, transport: Transport, line: str) -> str:

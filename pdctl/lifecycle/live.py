@@ -14,7 +14,7 @@ from typing import Protocol
 
 from rich.console import Console
 
-from pdctl.lifecycle import launch, membership
+from pdctl.lifecycle import launch, membership, routers_live
 from pdctl.lifecycle import lb as balancer
 from pdctl.lifecycle.wait import HealthCheck, wait_healthy
 from pdctl.plan import ProcessSpec, members_path
@@ -30,6 +30,10 @@ class Member(Protocol):
     def role(self) -> str: ...
     @property
     def url(self) -> str: ...
+
+
+ONE_ROUTER_RESTART = ("its in-flight requests end and the handles it holds are dropped (each conversation's next "
+                      "turn misses once); with router.replicas >= 2 routers restart one at a time, drained first")
 
 
 @dataclass(frozen=True)
@@ -100,12 +104,12 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
             balancer.set_state(topo, hosts[lb.node], router.name, "drain")
             balancer.wait_idle(topo, hosts[lb.node], router.name, timeout)
         else:
-            console.print("restarting the router (its settings changed): its in-flight requests end",
-                          highlight=False)
+            console.print(f"restarting the router (its settings changed): {ONE_ROUTER_RESTART}", highlight=False)
         _stop(topo, hosts, record, console)
         store.record(state, launch.start(hosts[router.node], router, topo.name))
         wait_healthy([router], hosts, topo.name, console, timeout=timeout, check=check)
-        if lb is not None:
+        # a router restarted on another node or port is reloaded into HAProxy (a fresh worker has it ready)
+        if lb is not None and routers_live.sync(topo, specs, hosts, state, console) is None:
             balancer.set_state(topo, hosts[lb.node], router.name, "ready")
             balancer.wait_state(topo, hosts[lb.node], router.name, "UP")
         done.append(f"{router.name} restarted")

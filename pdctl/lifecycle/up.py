@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
-from pdctl.lifecycle import gpu_memory, launch, nixl_check
+from pdctl.lifecycle import gpu_memory, launch, nixl_check, routers_live
 from pdctl.lifecycle import lb as balancer
 from pdctl.lifecycle import live as live_changes
 from pdctl.lifecycle.connect import connected
@@ -87,7 +87,9 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
         if to_start and not kept and topo.engine == "vllm":
             state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to
         store.save(state)
-        if to_start:
+        # a replacement (`--restart --rolling` after an upgrade of python.vllm_version, say) runs what provisioning
+        # installs: provision before it, as before a start
+        if to_start or decision.replace:
             preflight(topo, to_start, hosts, router_api_key(topo))
             if any(s.role == "lb" for s in to_start):  # before anything starts: the fix is an install
                 balancer.check_binary(topo, hosts[topo.router.node])
@@ -110,7 +112,8 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
                     wait_healthy(group, hosts, topo.name, console, timeout=timeout, check=opts.check)
             wait_healthy(engines, hosts, topo.name, console, timeout=timeout, check=opts.check)
             nixl_check.check_launched(topo, engines, hosts)  # EFA topologies: fail when KV moves over TCP
-            router = [s for s in specs if s.role == "router"]
+            # a router to be replaced still runs with its old settings (maybe another port): converge restarts it
+            router = [s for s in specs if s.role == "router" and s not in decision.replace]
             live_changes.write_members(topo, specs, hosts, state, decision.removed)  # before a router starts or reloads
             started += _start(hosts, [s for s in to_start if s.role == "router"], topo.name, store, state, console)
             wait_healthy(router, hosts, topo.name, console, timeout=timeout, check=opts.check)
@@ -119,7 +122,10 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
                 balancer.write_config(topo, specs, hosts[lb[0].node])
                 started += _start(hosts, lb, topo.name, store, state, console)
                 wait_healthy(lb, hosts, topo.name, console, timeout=timeout, check=opts.check)
-            changed = live_changes.converge(topo, specs, hosts, store, state, console, live_changes.Changes(
+            else:  # new routers are up: reload the LB with them, without the removed ones (drained, then stopped)
+                changed = routers_live.apply(topo, specs, hosts, store, state, console, decision.removed_routers,
+                                             timeout)
+            changed += live_changes.converge(topo, specs, hosts, store, state, console, live_changes.Changes(
                 decision.replace, decision.removed, [s.name for s in to_start]), timeout, opts.check)
         except KeyboardInterrupt:
             _interrupted(topo, specs, started, hosts, store, state, console)
@@ -205,13 +211,16 @@ class Decision:
 
     Where the router takes live membership (its members file): a running engine with another argv is `replace`d
     in place (drained, stopped, started), a router with other settings too (restarted), and an engine running but
-    no longer in the topology is `removed` (drained, then stopped); a router's new members restart nothing."""
+    no longer in the topology is `removed` (drained, then stopped); a router's new members restart nothing.
+    Behind a load balancer, a router no longer in the topology (`router.replicas` lowered) is in
+    `removed_routers`; the load balancer itself is never replaced (its reload is `routers_live.sync`'s)."""
 
     start: list[ProcessSpec]
     kept: list[str]
     changed: list[str]
     replace: list[ProcessSpec] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    removed_routers: list[str] = field(default_factory=list)  # behind the LB: drained there, reloaded out, stopped
 
 
 def live_membership(specs: Sequence[ProcessSpec]) -> bool:
@@ -241,16 +250,20 @@ def decide(
             decision.replace.append(spec)
         elif record is not None and record.argv_hash == argv_hash(spec):
             decision.kept.append(spec.name)
-        elif record is not None and members:
+        elif record is not None and members and spec.role != "lb":
             decision.replace.append(spec)
         else:
             decision.changed.append(spec.name)
     if members:
         planned = {s.name for s in specs}
-        decision.removed.extend(sorted(
-            name for name, r in state.processes.items()
-            if name not in planned and r.role in ("prefill", "decode") and live.get(r.node, {}).get(name)
-        ))
+        alive = sorted(name for name, r in state.processes.items()
+                       if name not in planned and live.get(r.node, {}).get(name))
+        decision.removed.extend(n for n in alive if state.processes[n].role in ("prefill", "decode"))
+        routers = [n for n in alive if state.processes[n].role == "router"]
+        if behind_lb and "router" not in routers:
+            decision.removed_routers.extend(routers)
+        else:  # one router <-> several behind a load balancer: both want router.port, no live path between them
+            decision.changed.extend(routers)
     return decision
 
 

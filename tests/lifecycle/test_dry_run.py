@@ -84,7 +84,9 @@ def test_after_a_changed_setting_only_that_process_would_restart(
         "local: 1 change",
         "  decode-0: running, left as it is",
         "  prefill-0: running, left as it is",
-        "  router: would restart (its argv changed: its in-flight requests end)",
+        "  router: would restart (its argv changed: its in-flight requests end and the handles it holds are dropped "
+        "(each conversation's next turn misses once); with router.replicas >= 2 routers restart one at a time, "
+        "drained first)",
         "provisioning: not needed, nothing would start",
         "dry run: 1 change, nothing changed",
     ]

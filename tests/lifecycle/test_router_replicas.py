@@ -2,9 +2,9 @@
 processes, HTTP on loopback): a router SIGKILLed under load and brought back by `pdctl up`; status, logs and
 down cover every router and the load balancer.
 
-Scale: the issue's 1000 streams x 60 s shrunk to what a shared 2-core machine runs in well under a minute:
-6 concurrent streams of 4-turn conversations, about 8 s through one router and about 15 s through the load
-balancer (with the kill in the middle).
+Scale (the issue: 1000 streams for 60 s): CONVERSATIONS streamed 4-turn conversations in all through the load
+balancer, STREAMS at a time, within LB_SECONDS, with the kill a third of the way in; before that about 8 s of the
+same load straight to one router, the baseline of the hit rate.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from tests.conftest import free_port
 from tests.support.load import Load, Tally, corrupt_reuses
 
 pytestmark = pytest.mark.slow
+
+STREAMS = 24
+CONVERSATIONS = 1000
+LB_SECONDS = 60.0
 
 
 def free_block(n: int) -> int:
@@ -136,10 +140,11 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
         cfg = tmp_path / "work" / name / "haproxy.cfg"
         assert cfg.stat().st_mode & 0o777 == 0o600 and key not in cfg.read_text()
 
-        one = _run(Load(routers["router-0"], streams=6).__enter__(), 8.0)  # the same engines, one router
+        one = _run(Load(routers["router-0"], streams=STREAMS).__enter__(), 8.0)  # the same engines, one router
 
-        with Load(lb_url, streams=6) as load_:
-            load_.wait_requests(30)
+        with Load(lb_url, streams=STREAMS) as load_:
+            t0 = time.monotonic()
+            load_.wait_conversations(CONVERSATIONS // 3)
             t_kill = time.monotonic()
             os.kill(before["router-1"], signal.SIGKILL)
             t_dead = _dead(before["router-1"])  # SIGKILL is delivered asynchronously: it was serving until then
@@ -148,9 +153,14 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
             assert again.started == ["router-1"]
             # The conversations router-1 owned miss at most twice (on the router HAProxy moved them to, and back on
             # router-1 once it is UP again); enough turns after that dilute them as a long run would.
-            load_.wait_requests(500)
+            load_.wait_conversations(CONVERSATIONS, timeout=LB_SECONDS - (time.monotonic() - t0))
             many = load_.stop()
+            seconds = time.monotonic() - t0
 
+        print(f"\nrouter-kill test: {many.conversations} conversations, {many.ok} requests ok, "
+              f"{len(many.failed)} failed, through the LB in {seconds:.1f} s ({STREAMS} streams); "
+              f"baseline {one.ok} requests; hit rate {many.hit_rate:.4f} vs {one.hit_rate:.4f}")
+        assert many.conversations >= CONVERSATIONS, (many.conversations, seconds)
         after = _pids(name)
         assert {n: p for n, p in after.items() if n != "router-1"} == {n: p for n, p in before.items()
                                                                         if n != "router-1"}
@@ -163,11 +173,13 @@ def test_three_routers_behind_haproxy_one_killed(tmp_path: Path, pdctl_home: Pat
         in_flight = [r.start < t_dead + HANDOVER_S and t_kill < r.end < t_dead + 5 and r.router in (None, "router-1")
                      for r in lost]
         assert all(in_flight), (t_kill, t_dead, lost)
-        assert len(lost) <= 6
+        assert len(lost) <= STREAMS
         assert corrupt_reuses(engines, key) == 0
         assert one.failed == [] and one.ok >= 40
         assert sum(many.reuse.values()) >= 60
-        assert abs(many.hit_rate - one.hit_rate) <= 0.02, (many.reuse, one.reuse)
+        # Not worse by more than 2 points. It may be better: each router pins handles within its own budget, so
+        # three routers pin more of the decodes' KV than one router carrying the same load (fewer releases).
+        assert many.hit_rate >= one.hit_rate - 0.02, (many.reuse, one.reuse)
 
         report = status(topo)
         assert [r.name for r in report.routers] == ["router-0", "router-1", "router-2"]

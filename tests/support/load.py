@@ -33,6 +33,7 @@ class Request:
 @dataclass
 class Tally:
     ok: int = 0
+    conversations: int = 0  # whose first turn was answered
     failed: list[str] = field(default_factory=list)  # "<when> <why>" per failed request
     reuse: Counter[str] = field(default_factory=Counter)  # outcomes of turns 2+
     requests: list[Request] = field(default_factory=list)
@@ -72,6 +73,12 @@ class Load:
         start = self.tally.ok
         while self.tally.ok - start < n and time.monotonic() < deadline:
             time.sleep(0.05)
+
+    def wait_conversations(self, n: int, timeout: float = 60.0) -> None:
+        """Until `n` conversations in all have had their first turn answered (or `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while self.tally.conversations < n and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _run(self) -> None:
         with httpx.Client(timeout=60.0) as client:
@@ -116,6 +123,7 @@ class Load:
             return self._failed(t0, router, f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
         with self.tally.lock:
             self.tally.ok += 1
+            self.tally.conversations += turn == 0
             self.tally.requests.append(Request(t0, time.monotonic(), True, router, ttft=first, turn=turn))
             if turn:
                 self.tally.reuse[outcome] += 1

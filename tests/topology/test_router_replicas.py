@@ -52,8 +52,8 @@ def test_plan_puts_the_routers_behind_the_load_balancer(tmp_path: Path) -> None:
         ("router-0", "http://127.0.0.1:8001"), ("router-1", "http://127.0.0.1:8002"),
         ("router-2", "http://127.0.0.1:8003")]
     lb = specs[-1]
-    assert (lb.name, lb.role, lb.url, lb.argv[0], lb.argv[1]) == (
-        "lb", "lb", "http://127.0.0.1:8000", "/usr/sbin/haproxy", "-db")
+    assert (lb.name, lb.role, lb.url, lb.argv[:3]) == (
+        "lb", "lb", "http://127.0.0.1:8000", ("/usr/sbin/haproxy", "-W", "-db"))
     assert lb.log_path.endswith("/logs/lb.log") and lb.secret_env == {}
 
 
