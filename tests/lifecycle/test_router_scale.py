@@ -20,6 +20,7 @@ from tests.lifecycle.test_router_replicas import _pids, free_block, replicas_yam
 from tests.support.load import Load, corrupt_reuses
 
 pytestmark = pytest.mark.slow
+RELOADS = 3  # the most load balancer reloads one test makes
 
 
 def _alive(pid: int) -> bool:
@@ -65,6 +66,9 @@ def test_routers_scaled_down_and_up_live_under_load(tmp_path: Path, pdctl_home: 
         assert bigger.started == ["router-2"] and bigger.changed == ["load balancer reloaded (+router-2)"]
         assert {n: p for n, p in after.items() if n != "router-2"} == mid
         assert tally.failed == [], tally.failed
+        # a reload may close each stream's idle keep-alive connection once; such a request was not read and went
+        # again (tests/support/load.py, as the SDKs do); more than that would be the LB dropping requests
+        assert len(tally.resent) <= 6 * RELOADS, tally.resent
         assert "router-2" in {r.router for r in tally.requests if r.start > tally.requests[-1].start - 3}
         assert corrupt_reuses(engines, read_key(LocalTransport(), topo, "local")) == 0
         assert dry_run(path).output.rstrip().endswith("dry run: no changes")
@@ -103,6 +107,9 @@ def test_router_settings_and_ports_changed_one_router_at_a_time(tmp_path: Path, 
         assert {n: after[n] for n in before if not n.startswith("router")} == {
             n: p for n, p in before.items() if not n.startswith("router")}
         assert tally.failed == [], tally.failed
+        # a reload may close each stream's idle keep-alive connection once; such a request was not read and went
+        # again (tests/support/load.py, as the SDKs do); more than that would be the LB dropping requests
+        assert len(tally.resent) <= 6 * RELOADS, tally.resent
         cfg = (tmp_path / "work" / name / "haproxy.cfg").read_text()
         assert f"server router-2 127.0.0.1:{port + 2} " in cfg and f":{old_port}" not in cfg
     finally:

@@ -1,6 +1,11 @@
 """Multi-turn streaming conversations through a router in background threads, for tests under change: every
 request's fate (ok, failed before its first byte, failed mid-stream), the X-PD-KV-Reuse outcome of turns 2+, and
-the simulator's integrity oracle summed over the engines."""
+the simulator's integrity oracle summed over the engines.
+
+A request whose connection closed before any byte of a response came back is sent once more, on a new
+connection, as the openai and anthropic SDKs do by default (`max_retries`): a load balancer's reload closes idle
+keep-alive connections (HAProxy 2.6's old worker), and a request written onto one at that instant was never
+read. Such requests are listed in `Tally.resent`, not as failures; a second close is a failure."""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class Tally:
     ok: int = 0
     conversations: int = 0  # whose first turn was answered
     failed: list[str] = field(default_factory=list)  # "<when> <why>" per failed request
+    resent: list[str] = field(default_factory=list)  # requests sent again after a close with no response byte
     reuse: Counter[str] = field(default_factory=Counter)  # outcomes of turns 2+
     requests: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -96,13 +102,23 @@ class Load:
                     time.sleep(self.think_s)
 
     def _turn(self, client: httpx.Client, cid: str, messages: list[dict[str, str]], turn: int) -> str | None:
+        try:
+            return self._send(client, cid, messages, turn, resend=True)
+        except _Closed as closed:
+            with self.tally.lock:
+                self.tally.resent.append(str(closed))
+            return self._send(client, cid, messages, turn, resend=False)
+
+    def _send(self, client: httpx.Client, cid: str, messages: list[dict[str, str]], turn: int,
+              resend: bool) -> str | None:
         body = {"model": "Qwen", "messages": messages, "max_tokens": self.max_tokens, "stream": True}
         parts: list[str] = []
-        started = False
+        started = answered = False
         t0, router, first = time.monotonic(), None, None
         try:
             with client.stream("POST", f"{self.url}/v1/chat/completions", json=body,
                                headers={"x-conversation-id": cid}) as r:
+                answered = True
                 if r.status_code != 200:
                     r.read()
                     return self._failed(t0, router, f"before HTTP {r.status_code} {r.text[:200]}")
@@ -119,6 +135,10 @@ class Load:
                         return self._failed(t0, router, f"mid-stream error event {event['error']}")
                     for c in event.get("choices") or ():
                         parts.append((c.get("delta") or {}).get("content") or "")
+        except (httpx.RemoteProtocolError, httpx.ConnectError) as exc:
+            if resend and not answered:  # closed with no response: the request was not read
+                raise _Closed(f"{type(exc).__name__}: {exc}") from exc
+            return self._failed(t0, router, f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
         except httpx.HTTPError as exc:
             return self._failed(t0, router, f"{'mid-stream' if started else 'before'} {type(exc).__name__}")
         with self.tally.lock:
@@ -134,6 +154,10 @@ class Load:
             self.tally.failed.append(why)
             self.tally.requests.append(Request(t0, time.monotonic(), False, router, why))
         return None
+
+
+class _Closed(Exception):
+    """The connection closed before any byte of a response: the request may be sent again."""
 
 
 def corrupt_reuses(urls: list[str], key: str) -> float:
