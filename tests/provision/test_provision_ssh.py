@@ -141,9 +141,40 @@ def test_sim_topology_over_ssh_provisions_each_node_venv_once(
         for name, node in (("prefill-0", "h1"), ("decode-0", "h2"), ("router", "h1")):
             assert _cmdline(state.processes[name].pid)[0] == str(tmp_path / node / "venv/bin/python"), name
         assert (tmp_path / f"h2/work/{topo.name}/logs/decode-0.log").is_file()
+        _upgrade_rolls_the_engines(topo, ssh, wheelhouse, tmp_path, monkeypatch)
     finally:
         down(topo, _console(), ssh=ssh, timeout=5)
     assert LocalTransport().find_by_marker(topo.name) == []
+
+
+def _upgrade_rolls_the_engines(topo: Topology, ssh: SshOptions, wheelhouse: Path, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgrade of what the engines run (a new version of a package in python.packages: the stand-in for
+    python.vllm_version) by `up --restart --rolling`: each node's venv is upgraded before any engine is replaced,
+    the engines are replaced one at a time, and the one router is kept (with no second router its restart would
+    end its requests)."""
+    make_wheel(wheelhouse, "pdctl-probe", "2.0", {"pdctl_probe/__init__.py": b"VALUE = 43\n"})
+    newer = topo.model_copy(update={"python": topo.python.model_copy(update={"packages": ["pdctl-probe==2.0"]})})
+    layout = tmp_path / "layout.json"  # up's own provisioning finds this interpreter's packages, as above
+    layout.write_text(json.dumps({"*": {"path": list(PYTHON_LAYOUT.path), "env": dict(topo.env.all)}}))
+    monkeypatch.setenv("PDCTL_HOST_LAYOUT", str(layout))
+    state = StateStore(topo.name).load()
+    assert state is not None
+    before = {n: r.pid for n, r in state.processes.items()}
+    up(newer, _console(), UpOptions(ssh=ssh, restart=True, rolling=True, timeout=60))
+    after = StateStore(topo.name).load()
+    assert after is not None
+    assert after.processes["router"].pid == before["router"]
+    for name, node in (("prefill-0", "h1"), ("decode-0", "h2")):
+        pid = after.processes[name].pid
+        assert pid != before[name], name
+        venv = tmp_path / node / "venv"
+        probe = "import pdctl_probe; print(pdctl_probe.VALUE, pdctl_probe.__file__)"
+        value, where = subprocess.run([f"{venv}/bin/python", "-c", probe], capture_output=True, text=True,
+                                      check=True).stdout.split()
+        assert value == "43", node
+        # installed before the new engine started: the replacement runs the upgrade
+        assert Path(where).stat().st_mtime <= Path(f"/proc/{pid}").stat().st_ctime, name
 
 
 def _golden(fact: str, case: str) -> Any:
