@@ -23,6 +23,7 @@ from pdctl.secret import scrub, secret_values
 
 POLL_S = 0.5
 LIVENESS_EVERY = 2
+RECHECK_S = 0.5  # before a process missing from the host's list counts as exited
 TAIL_LINES = 30
 
 HealthCheck = Callable[[ProcessSpec, Transport], str]
@@ -85,6 +86,11 @@ def _liveness(rows: dict[str, _Row], hosts: Mapping[str, Transport], deployment:
     pending = [r for r in rows.values() if r.ready_after is None]
     nodes = sorted({r.spec.node for r in pending})
     alive = parallel(nodes, lambda n: running(hosts[n], deployment, n))
+    if any(r.spec.name not in alive[r.spec.node] for r in pending):
+        # Asked once more, a moment later: a process that re-executes itself is briefly unreadable in /proc
+        # (HAProxy's master does, into its wait mode, right after it forks its worker).
+        time.sleep(RECHECK_S)
+        alive = parallel(nodes, lambda n: running(hosts[n], deployment, n))
     for row in pending:
         transport = hosts[row.spec.node]
         tail = scrub(transport.tail(row.spec.log_path, lines=TAIL_LINES), secret_values(row.spec.env))
