@@ -46,24 +46,12 @@ from pdctl.topology import Topology, load
 from tests.conftest import free_port
 from tests.lifecycle.test_router_replicas import free_block
 from tests.support.load import Load, Tally, corrupt_reuses
+from tests.support.sim_topology import sim_yaml
 
 
 def topology(work: Path, ports: list[tuple[int, int]], n: int, router: int, replica_port: int) -> str:
-    insts = [f"  - {{node: local, port: {p}, side_channel_port: {s}}}" for p, s in ports]
-    return f"""name: h34-bench
-engine: sim
-nodes:
-  - {{name: local, address: 127.0.0.1, transport: local}}
-model: {{id: Qwen/Qwen3-32B, served_name: Qwen, max_model_len: 32768, max_num_seqs: 8, block_size: 16}}
-prefill:
-{chr(10).join(insts[0:n])}
-decode:
-{chr(10).join(insts[2:2 + n])}
-router: {{node: local, port: {router}, replicas: 3, replica_port: {replica_port}}}
-sim: {{speed: 200, num_blocks: 4000}}
-python: {{venv: null}}
-work_dir: {work}
-"""
+    return sim_yaml("h34-bench", work, ports[0:n], ports[2:2 + n],
+                    f"port: {router}, replicas: 3, replica_port: {replica_port}")
 
 
 def report(name: str, tally: Tally, oracle: float, killed_at: float | None = None) -> None:

@@ -19,30 +19,16 @@ from pdctl.topology import load
 from tests.conftest import free_port
 from tests.lifecycle.conftest import dry_run
 from tests.support.load import Load, corrupt_reuses
+from tests.support.sim_topology import sim_yaml
 
 pytestmark = pytest.mark.slow
 
 
 def _yaml(name: str, work: Path, ports: dict[str, int], n: int) -> str:
-    def inst(role: str, i: int) -> str:
-        return f"  - {{node: local, port: {ports[f'{role}{i}']}, side_channel_port: {ports[f'{role}{i}s']}}}"
+    def pairs(role: str) -> list[tuple[int, int]]:
+        return [(ports[f"{role}{i}"], ports[f"{role}{i}s"]) for i in range(n)]
 
-    prefill = "\n".join(inst("p", i) for i in range(n))
-    decode = "\n".join(inst("d", i) for i in range(n))
-    return f"""name: {name}
-engine: sim
-nodes:
-  - {{name: local, address: 127.0.0.1, transport: local}}
-model: {{id: Qwen/Qwen3-32B, served_name: Qwen, max_model_len: 32768, max_num_seqs: 8, block_size: 16}}
-prefill:
-{prefill}
-decode:
-{decode}
-router: {{node: local, port: {ports['r']}}}
-sim: {{speed: 200, num_blocks: 4000}}
-python: {{venv: null}}
-work_dir: {work}
-"""
+    return sim_yaml(name, work, pairs("p"), pairs("d"), f"port: {ports['r']}")
 
 
 def _processes(report: str) -> list[str]:

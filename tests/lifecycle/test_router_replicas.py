@@ -29,6 +29,7 @@ from pdctl.state import StateStore
 from pdctl.topology import load
 from tests.conftest import free_port
 from tests.support.load import Load, Tally, corrupt_reuses
+from tests.support.sim_topology import sim_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -60,25 +61,11 @@ def free_block(n: int) -> int:
 
 
 def replicas_yaml(name: str, work: Path, replicas: int = 3) -> str:
-    def inst() -> str:
-        return f"  - {{node: local, port: {free_port()}, side_channel_port: {free_port()}}}"
+    def pairs() -> list[tuple[int, int]]:
+        return [(free_port(), free_port()) for _ in range(2)]
 
-    return f"""name: {name}
-engine: sim
-nodes:
-  - {{name: local, address: 127.0.0.1, transport: local}}
-model: {{id: Qwen/Qwen3-32B, served_name: Qwen, max_model_len: 32768, max_num_seqs: 8, block_size: 16}}
-prefill:
-{inst()}
-{inst()}
-decode:
-{inst()}
-{inst()}
-router: {{node: local, port: {free_port()}, replicas: {replicas}, replica_port: {free_block(replicas)}}}
-sim: {{speed: 200, num_blocks: 4000}}
-python: {{venv: null}}
-work_dir: {work}
-"""
+    return sim_yaml(name, work, pairs(), pairs(),
+                    f"port: {free_port()}, replicas: {replicas}, replica_port: {free_block(replicas)}")
 
 
 class _Sink:
