@@ -270,7 +270,7 @@ class Topology(Strict):
     extra_args: RoleArgs = Field(default_factory=RoleArgs)
     work_dir: HostPath = Field("~/.pdctl", description="Per-node directory for logs and run files.")
     hf_home: HostPath | None = Field(None, description="HF_HOME on the nodes (model cache).")
-    slurm: Slurm | None = Field(None, description="Run the deployment inside a Slurm allocation (see README).")
+    slurm: Slurm | None = Field(None, description="Run the deployment inside a Slurm allocation (see docs/slurm.md).")
     _source: str | None = PrivateAttr(None)  # the file it was read from, for the commands hints print
 
     @property
