@@ -205,7 +205,11 @@ class Python(Strict):
     venv: HostPath | None = Field(
         "~/.pdctl/venv", description="Venv on the nodes; null: the CLI's own interpreter (local nodes only)."
     )
-    vllm_version: PackageVersion = Field("0.33.0", description="vLLM version installed on the nodes.")
+    vllm_version: PackageVersion = Field(
+        "0.33.0",
+        description="vLLM version installed on the nodes. The GPU results ran 0.26.0; 0.33.0 (torch 2.14) has had "
+        "only pdctl's compatibility patches checked against its wheel (docs/topology.md).",
+    )
     nixl_version: PackageVersion = Field("1.5.1", description="NIXL version installed on the nodes.")
     packages: list[PipRequirement] = Field(
         default_factory=list, description="More requirements to install on the nodes."
