@@ -9,7 +9,7 @@ prefill node without prefix caching), and with them the fragmentation that makes
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -33,6 +33,7 @@ class BlockPool:
     blocks: list[Block] = field(init=False)
     free: OrderedDict[int, None] = field(init=False)
     cached: dict[int, int] = field(init=False)
+    on_free: Callable[[], None] | None = field(default=None, init=False)  # told after blocks return to the pool
 
     def __post_init__(self) -> None:
         # Block 0 is vLLM's null block: never handed out.
@@ -121,6 +122,8 @@ class BlockPool:
         for block_id in reversed(front):
             self.free[block_id] = None
             self.free.move_to_end(block_id, last=False)
+        if self.on_free is not None:
+            self.on_free()
 
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]

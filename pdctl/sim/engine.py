@@ -8,17 +8,17 @@ prefix hit, the remote read, the compute) and returns a `Run`; `Run.tokens()` pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from pdctl import prefix_check
 from pdctl.sim import steps, timing
-from pdctl.sim.blocks import BlockPool, PoolExhausted
+from pdctl.sim.blocks import BlockPool
 from pdctl.sim.config import SimConfig
 from pdctl.sim.kv import KVReader, KVStore, ReadFailed, block_group, is_handle
 from pdctl.sim.metrics import SimMetrics
@@ -120,16 +120,20 @@ class Run:
 
 
 class Engine:
-    def __init__(self, cfg: SimConfig, metrics: SimMetrics, client: httpx.AsyncClient) -> None:
+    def __init__(self, cfg: SimConfig, metrics: SimMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, cfg.prefix_caching)
-        self.store = KVStore(self.pool, cfg.engine_id)
-        self.reader = KVReader(client, metrics, cfg.fail_kv_reads)
+        self.pool.on_free = self._kv_freed
+        self.store = KVStore(self.pool, cfg.engine_id, metrics.record_freed)
+        self.reader = KVReader(metrics, cfg.fail_kv_reads)
         self.slots = asyncio.Semaphore(cfg.max_num_seqs)
         self.compute_lock = asyncio.Lock()
         self.running = 0
         self.waiting = 0
+        # Requests that hold a slot but wait for KV blocks, first come first served (see _allocate).
+        self.kv_queue: deque[tuple[int, asyncio.Future[list[int]]]] = deque()
+        self._admit_soon = False
         costs = steps.PROFILES.get(cfg.step_model or "")
         self.steps = (StepLoop(costs, cfg.max_num_seqs, cfg.speed, cfg.max_num_batched_tokens, metrics.record_step)
                       if costs is not None and timing.time_scale(cfg.speed) else None)
@@ -142,6 +146,7 @@ class Engine:
         m.lab(m.waiting).set(self.waiting)
         m.lab(m.kv_usage).set(self.pool.usage())
         m.record_kv(self.pool.num_blocks - self.pool.num_free, self.pool.num_blocks)
+        m.record_retained(len(self.store.retained), self.store.retained_blocks, len(self.store.heap))
 
     def release_slot(self) -> None:
         self.running -= 1
@@ -176,17 +181,63 @@ class Engine:
             raise
 
     async def _allocate(self, n: int) -> list[int]:
+        """`n` free blocks, waiting for them as vLLM does when its KV is full rather than failing.
+
+        vLLM's scheduler (vllm/v1/core/sched/scheduler.py, `schedule()`, the WAITING loop) leaves a new request in
+        its waiting queue when `kv_cache_manager.allocate_slots(...)` returns None ("The request cannot be
+        scheduled." then `break`: first come first served, nothing behind it is admitted either) and tries again
+        next step; blocks retained for a peer are allocated, so they count against KV until freed. Here the
+        request leaves the running count for the waiting one until blocks are freed (a finish, an abort, a peer's
+        read or notify, or an expired retention, which the housekeeping sweep frees) and it is first in line."""
         if n > self.pool.num_blocks:
             raise EngineError(400, f"The request needs {n} KV blocks but the engine has {self.pool.num_blocks}.",
                               "BadRequestError", "input_tokens")
-        while True:
-            try:
+        if not self.kv_queue:
+            if n > self.pool.num_free:
+                self.store.sweep()  # due expiries only: a heap pop each
+            if n <= self.pool.num_free:
                 ids = self.pool.allocate(n)
                 self.gauges()
                 return ids
-            except PoolExhausted:
-                if not self.store.sweep():
-                    await asyncio.sleep(0.02)
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        self.kv_queue.append((n, fut))
+        self.metrics.lab(self.metrics.kv_waits).inc()
+        self.running -= 1
+        self.waiting += 1
+        self.gauges()
+        try:
+            return await fut
+        except BaseException:
+            if fut.done() and not fut.cancelled():
+                self.pool.free_blocks(fut.result())  # admitted as it was cancelled
+            else:
+                fut.cancel()
+                with contextlib.suppress(ValueError):
+                    self.kv_queue.remove((n, fut))  # at most max_num_seqs long: every waiter holds a slot
+                self._kv_freed()  # whoever was behind it may fit now
+            raise
+        finally:
+            self.waiting -= 1
+            self.running += 1
+            self.gauges()
+
+    def _kv_freed(self) -> None:
+        """Blocks were freed: admit waiting requests once the freeing code has returned."""
+        if self.kv_queue and not self._admit_soon:
+            self._admit_soon = True
+            asyncio.get_running_loop().call_soon(self._admit)
+
+    def _admit(self) -> None:
+        self._admit_soon = False
+        while self.kv_queue:
+            n, fut = self.kv_queue[0]
+            if fut.done():
+                self.kv_queue.popleft()
+                continue
+            if n > self.pool.num_free:
+                return
+            self.kv_queue.popleft()
+            fut.set_result(self.pool.allocate(n))
 
     async def _prefill(self, req: GenRequest, pacer: timing.Pacer) -> Run:
         cfg, pool, T = self.cfg, self.pool, req.prompt
@@ -260,7 +311,7 @@ class Engine:
             limit = min(int(params.get("remote_num_tokens") or n), n)
         count = limit - hit
         if count <= 0 or count < cfg.kv.recompute_threshold:
-            asyncio.get_running_loop().create_task(self.reader.notify(params))
+            self.reader.notify(params)
             return 0, 0.0, seq
         k = pool.blocks_for(limit) - hit_blocks
         if cfg.kv_pull_delay_ms:

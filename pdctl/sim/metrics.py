@@ -4,7 +4,7 @@ busy fraction and KV peak read), and the periodic `KV Transfer metrics:` log lin
 from __future__ import annotations
 
 import logging
-import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -88,8 +88,38 @@ class SimMetrics:
         self.kv_peak = Gauge("pdctl_sim_kv_blocks_peak", "Most KV blocks in use at once since the engine started.",
                              labels, registry=r)
         self.kv_blocks = Gauge("pdctl_sim_kv_num_gpu_blocks", "KV blocks the engine has.", labels, registry=r)
+        self.retained_requests = Gauge(
+            "pdctl_sim_kv_retained_requests", "Finished requests whose KV blocks are kept for a peer (a prefill's "
+            "lease for a decode's pull, a decode's TTL for a prefill's readback).", labels, registry=r)
+        self.retained_blocks = Gauge("pdctl_sim_kv_retained_blocks", "KV blocks kept for a peer (part of "
+                                     "pdctl_sim_kv_blocks_in_use and vllm:kv_cache_usage_perc).", labels, registry=r)
+        self.retained_freed = Counter(
+            "pdctl_sim_kv_retained_freed", "Retained requests whose blocks were freed, by how: expired (lease or "
+            "TTL ran out), read (a peer's read spent the handle), released (a peer's notify).",
+            [*labels, "how"], registry=r)
+        self.expiry_heap = Gauge("pdctl_sim_kv_expiry_heap_entries", "Entries in the retained requests' expiry "
+                                 "heap (bounded by twice the retained requests plus a constant).", labels, registry=r)
+        self.kv_waits = Counter("pdctl_sim_kv_waits", "Requests that waited for free KV blocks (counted in "
+                                "vllm:num_requests_waiting while they wait).", labels, registry=r)
+        self.side_peers = Gauge("pdctl_sim_side_channel_peers", "Peers this engine has a side-channel client for.",
+                                labels, registry=r)
+        self.side_in_flight = Gauge("pdctl_sim_side_channel_in_flight", "Side-channel requests in flight now.",
+                                    labels, registry=r)
+        self.side_in_flight_peak = Gauge("pdctl_sim_side_channel_in_flight_peak", "Most side-channel requests in "
+                                         "flight at once since the engine started.", labels, registry=r)
+        self.notify_requests = Counter("pdctl_sim_side_channel_notify_requests", "Notify requests sent to peers "
+                                       "(each carries a batch of request ids).", labels, registry=r)
+        self.notify_ids = Counter("pdctl_sim_side_channel_notified_ids", "Request ids sent in notify requests.",
+                                  labels, registry=r)
         self._peak = 0
-        for metric in (self.kv_in_use, self.kv_peak, self.kv_blocks, self.aborted, self.running, self.waiting,
+        self._in_flight = 0
+        self._in_flight_peak = 0
+        for how in ("expired", "read", "released"):
+            self.retained_freed.labels(**self._values, how=how)
+        for metric in (self.retained_requests, self.retained_blocks, self.expiry_heap, self.kv_waits,
+                       self.side_peers, self.side_in_flight, self.side_in_flight_peak, self.notify_requests,
+                       self.notify_ids,
+                       self.kv_in_use, self.kv_peak, self.kv_blocks, self.aborted, self.running, self.waiting,
                        self.kv_usage, self.prompt_tokens, self.generation_tokens,
                        self.cache_queries, self.cache_hits,
                        self.xfer_time, self.post_time, self.xfer_bytes, self.descriptors, self.failed,
@@ -120,6 +150,29 @@ class SimMetrics:
         self.lab(self.kv_peak).set(self._peak)
         self.lab(self.kv_blocks).set(num_blocks)
 
+    def record_retained(self, requests: int, blocks: int, heap_entries: int) -> None:
+        self.lab(self.retained_requests).set(requests)
+        self.lab(self.retained_blocks).set(blocks)
+        self.lab(self.expiry_heap).set(heap_entries)
+
+    def record_freed(self, how: str, requests: int) -> None:
+        self.retained_freed.labels(**self._values, how=how).inc(requests)
+
+    def side_channel_started(self) -> None:
+        self._in_flight += 1
+        if self._in_flight > self._in_flight_peak:
+            self._in_flight_peak = self._in_flight
+            self.lab(self.side_in_flight_peak).set(self._in_flight_peak)
+        self.lab(self.side_in_flight).set(self._in_flight)
+
+    def side_channel_ended(self) -> None:
+        self._in_flight -= 1
+        self.lab(self.side_in_flight).set(self._in_flight)
+
+    def record_notify_batch(self, ids: int) -> None:
+        self.lab(self.notify_requests).inc()
+        self.lab(self.notify_ids).inc(ids)
+
     def record_transfer(self, seconds: float, post_s: float, nbytes: int, descriptors: int) -> None:
         self.lab(self.xfer_time).observe(seconds)
         self.lab(self.post_time).observe(post_s)
@@ -144,35 +197,42 @@ class SimMetrics:
 
 @dataclass
 class TransferStats:
-    """What one stats interval saw, reduced as NixlKVConnectorStats.reduce() does."""
+    """What one stats interval saw, reduced as NixlKVConnectorStats.reduce() does: sums and counts, and the last
+    SAMPLE_WINDOW times for the P90s, so an interval with many transfers holds no more than one with few."""
 
-    xfer_s: list[float] = field(default_factory=list)
-    post_s: list[float] = field(default_factory=list)
-    nbytes: list[int] = field(default_factory=list)
-    descriptors: list[int] = field(default_factory=list)
+    SAMPLE_WINDOW = 1024
+
+    count: int = 0
+    xfer_total_s: float = 0.0
+    post_total_s: float = 0.0
+    bytes_total: int = 0
+    descriptors_total: int = 0
+    xfer_s: deque[float] = field(default_factory=lambda: deque(maxlen=TransferStats.SAMPLE_WINDOW))
+    post_s: deque[float] = field(default_factory=lambda: deque(maxlen=TransferStats.SAMPLE_WINDOW))
     failed: int = 0
     expired: int = 0
 
     def add(self, xfer_s: float, post_s: float, nbytes: int, descriptors: int) -> None:
+        self.count += 1
+        self.xfer_total_s += xfer_s
+        self.post_total_s += post_s
+        self.bytes_total += nbytes
+        self.descriptors_total += descriptors
         self.xfer_s.append(xfer_s)
         self.post_s.append(post_s)
-        self.nbytes.append(nbytes)
-        self.descriptors.append(descriptors)
 
     def empty(self) -> bool:
-        return not self.xfer_s and not self.failed and not self.expired
+        return not self.count and not self.failed and not self.expired
 
     def line(self) -> str:
-        n = len(self.xfer_s)
+        n = self.count
         if n:
-            xfer_ms = [x * 1e3 for x in self.xfer_s]
-            post_ms = [x * 1e3 for x in self.post_s]
-            mb = sum(self.nbytes) / 2**20
-            total_s = sum(self.xfer_s)
-            descriptors = float(statistics.mean(self.descriptors))
-            values = [n, round(statistics.mean(xfer_ms), 3), round(_p90(xfer_ms), 3),
-                      round(statistics.mean(post_ms), 3), round(_p90(post_ms), 3), round(mb / n, 3),
-                      round(mb / total_s, 3) if total_s > 0 else 0.0, round(descriptors, 1)]
+            mb = self.bytes_total / 2**20
+            total_s = self.xfer_total_s
+            values = [n, round(total_s * 1e3 / n, 3), round(_p90([x * 1e3 for x in self.xfer_s]), 3),
+                      round(self.post_total_s * 1e3 / n, 3), round(_p90([x * 1e3 for x in self.post_s]), 3),
+                      round(mb / n, 3), round(mb / total_s, 3) if total_s > 0 else 0.0,
+                      round(self.descriptors_total / n, 1)]
         else:
             values = [0, 0, 0, 0, 0, 0, 0, 0]
         keys = ["Num successful transfers", "Avg xfer time (ms)", "P90 xfer time (ms)", "Avg post time (ms)",

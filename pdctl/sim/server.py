@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -53,8 +52,7 @@ class SimServer:
         self.metrics = SimMetrics(cfg.model_name)
         self.metrics.cache_config(cfg.block_size, cfg.num_gpu_blocks)
         self.served_names = cfg.served_model_names or (cfg.model,)
-        self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
-        self.engine = Engine(cfg, self.metrics, self.client)
+        self.engine = Engine(cfg, self.metrics)
         self.finished = 0
         self.api = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
@@ -338,12 +336,17 @@ class SimServer:
         return JSONResponse({"tokens": tokens})
 
     async def side_notify(self, request: Request) -> JSONResponse:
+        """A peer is done with these requests' blocks: `{"request_ids": [...]}` (a batch) or `{"request_id": ...}`."""
         try:
-            freed = self.engine.store.release(str((await request.json())["request_id"]))
+            body = await request.json()
+            ids = body["request_ids"] if "request_ids" in body else [body["request_id"]]
+            if not isinstance(ids, list):
+                raise TypeError("request_ids must be a list of request ids")
+            freed = sum(self.engine.store.release(str(rid), "released") for rid in ids)
         except (ValueError, KeyError, TypeError) as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
+            return JSONResponse({"error": f"notify body: {e}"}, status_code=400)
         self.engine.gauges()
-        return JSONResponse({"freed": freed})
+        return JSONResponse({"freed": freed, "ids": len(ids)})
 
     # -- background -----------------------------------------------------------------------------------------
     async def housekeeping(self) -> None:
@@ -384,4 +387,4 @@ async def serve(cfg: SimConfig) -> None:
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
-        await sim.client.aclose()
+        await sim.engine.reader.aclose()
