@@ -103,10 +103,15 @@ class KVStore:
         self.pool.free_blocks(entry.block_ids)
         if self.on_free is not None:
             self.on_free(how, 1)
-        if len(self.heap) > 2 * len(self.retained) + HEAP_SLACK:  # drop released entries: O(1) amortised
+        self._compact()
+        return True
+
+    def _compact(self) -> None:
+        """Rebuild the heap from what is retained once it holds more than twice that plus HEAP_SLACK: after every
+        retain, release and sweep the heap is within that bound, at O(1) amortised per release."""
+        if len(self.heap) > 2 * len(self.retained) + HEAP_SLACK:
             self.heap = [(e.deadline, e.seq, e.request_id) for e in self.retained.values()]
             heapq.heapify(self.heap)
-        return True
 
     def sweep(self) -> int:
         """Free what has expired: pops the heap's due entries, never looks at the rest."""
