@@ -14,6 +14,8 @@ window (utime + stime from /proc/<pid>/stat), the window's req/s, errors, and wh
 --mix new: every request a new conversation (one turn, never continued: the decode retains its blocks until the
 router releases them or decoder_kv_blocks_ttl runs out). --mix multi: each stream alternates a one-turn
 conversation and a 4-turn one (each turn = the previous prompt + its reply + new text, with a conversation_id).
+--direct: the load generator makes the two hops itself (prefill, then decode with its handle), without the router,
+so the engines see more requests per second (the router is then not in the table).
 --base-port P puts the engines, their side channels and the router on P..P+4 instead of free ports.
 """
 
@@ -84,10 +86,20 @@ def sim(role: str, port: int, side_port: int, log: Path, args: argparse.Namespac
 
 
 # -- load generation -----------------------------------------------------------------------------------------
+MISS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+        "remote_host": None, "remote_port": None}
+
+
 async def turn(client: httpx.AsyncClient, url: str, prompt: str, conv: str | None, max_tokens: int) -> str:
     body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
     if conv is not None:
         body["conversation_id"] = conv
+    if "," in url:  # --direct: "prefill,decode"; the prefill's handle goes to the decode, as the router sends it
+        purl, url = url.split(",")
+        p = await client.post(purl + "/v1/completions", json={**body, "stream": False, "max_tokens": 1,
+                                                                "kv_transfer_params": MISS})
+        p.raise_for_status()
+        body["kv_transfer_params"] = p.json()["kv_transfer_params"]
     text: list[str] = []
     done = False
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -161,6 +173,7 @@ def main() -> None:
     ap.add_argument("--num-gpu-blocks", type=int, default=2_000_000, help="each engine's KV blocks")
     ap.add_argument("--load-procs", type=int, default=2, help="load-generator processes")
     ap.add_argument("--base-port", type=int, default=0, help="ports P..P+4 instead of free ones")
+    ap.add_argument("--direct", action="store_true", help="no router: the load generator makes both hops")
     ap.add_argument("--json", type=Path, help="also write the windows here")
     args = ap.parse_args()
 
@@ -176,18 +189,20 @@ def main() -> None:
         procs["decode"] = sim("decode", d_port, d_side, logs / "decode.log", args)
         wait_health(purl, procs["prefill"], "prefill", logs / "prefill.log")
         wait_health(durl, procs["decode"], "decode", logs / "decode.log")
-        procs["router"] = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(r_port),
-                                 "--prefill", purl, "--decode", durl, "--model", MODEL,
-                                 "--decoder-kv-blocks-ttl", f"{args.ttl:g}", "--log-level", "warning"],
-                                logs / "router.log")
-        wait_health(rurl, procs["router"], "router", logs / "router.log")
+        if not args.direct:
+            procs["router"] = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(r_port),
+                                     "--prefill", purl, "--decode", durl, "--model", MODEL,
+                                     "--decoder-kv-blocks-ttl", f"{args.ttl:g}", "--log-level", "warning"],
+                                    logs / "router.log")
+            wait_health(rurl, procs["router"], "router", logs / "router.log")
+        target = f"{purl},{durl}" if args.direct else rurl
         ctx = mp.get_context("fork")
         done, errors = ctx.Value("q", 0), ctx.Value("q", 0)
         n = max(1, min(args.load_procs, args.streams))
         first = 0
         for k in range(n):
             share = args.streams // n + (1 if k < args.streams % n else 0)
-            loaders.append(ctx.Process(target=worker, args=(rurl, share, first, args.mix, args.max_tokens, done,
+            loaders.append(ctx.Process(target=worker, args=(target, share, first, args.mix, args.max_tokens, done,
                                                              errors, args.requests)))
             first += share
         print(f"simulated engines at zero delay; {args.streams} streams, mix {args.mix}, {args.requests} requests, "
@@ -223,7 +238,8 @@ def main() -> None:
             def show(v: float | None, fmt: str = "{:.0f}") -> str:
                 return "-" if v is None else fmt.format(v)
 
-            print(f"| {count} | {row['rps']} | {per['prefill']:.2f} | {per['decode']:.2f} | {per['router']:.2f} | "
+            router_ms = f"{per['router']:.2f}" if "router" in per else "-"
+            print(f"| {count} | {row['rps']} | {per['prefill']:.2f} | {per['decode']:.2f} | {router_ms} | "
                   f"{row['errors']} | {show(gauges.get(GAUGES[0]))} | {show(gauges.get(GAUGES[1]))} | "
                   f"{show(gauges.get(GAUGES[2]), '{:.3f}')} | {show(gauges.get(GAUGES[3]))} |", flush=True)
             last_cpu, last_t, last_n, last_err = cpu, now, count, err
