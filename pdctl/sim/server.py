@@ -65,6 +65,7 @@ class SimServer:
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
             Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
+            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
         ], exception_handlers={404: _not_found, 405: _not_allowed})
         self.side = Starlette(routes=[
             Route("/handshake", self.handshake), Route("/read", self.side_read, methods=["POST"]),
@@ -184,7 +185,7 @@ class SimServer:
         finally:
             run.abort()
         self._count_finished()
-        return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv))
+        return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv, self._cached(run)))
 
     async def responses(self, request: Request) -> Response:
         return await self._agent(request, anthropic=False)
@@ -311,11 +312,20 @@ class SimServer:
                     yield middle.format(piece=decode_piece(token), tid=token)
                 i += 1
             if p.include_usage:
-                yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output)))
+                yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output), self._cached(run)))
             yield "data: [DONE]\n\n"
         finally:
             run.abort()
         self._count_finished()
+
+    def _cached(self, run: Run) -> int | None:
+        return run.cached if self.cfg.prompt_tokens_details else None
+
+    async def reset_prefix_cache(self, _: Request) -> Response:
+        """vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1): forget every cached prefix; 200 with no body."""
+        self.engine.pool.reset_prefix_cache()
+        log.info("pdctl-sim: prefix cache reset")
+        return Response(status_code=200)
 
     def _count_finished(self) -> None:
         self.finished += 1
