@@ -10,6 +10,9 @@
         reason   one of REASONS (why a hit, why a miss; pdctl.router.reasons), which with the outcome and read
                  tells where the turn's history KV came from (`kv_source`)
         read     tokens the prefill read from the decode (D->P), where the prefill reported it (verify_at prefill)
+        cached   prompt tokens the prefill's own prefix cache held (its usage.prompt_tokens_details, where the engine
+                 reports them: vLLM's --enable-prompt-tokens-details); on a miss of a warm turn, > 0 means the
+                 prefill's cache served part of the history (kv source prefill_cache, not recomputed)
         block    prefix_diverged only: the first KV block (0-based, block_size tokens) of the prompt that differed
                  from what the decode holds; every block before it matched. Verified at the prefill, whose check
                  compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
@@ -85,18 +88,21 @@ class Reuse:
     reason: str = ""
     read: int | None = None  # tokens the prefill read from the decode, where it said (None: not reported)
     block: int | None = None  # prefix_diverged: the first block that differed
+    cached: int | None = None  # prompt tokens the prefill's own prefix cache held, where it reported them
+
 
     @property
     def header(self) -> str:
         # read and block before the reason: a reader that takes whatever follows `reason=` still reads the reason.
         read = f";read={self.read}" if self.read is not None else ""
         block = f";block={self.block}" if self.block is not None else ""
-        return f"{self.outcome};tokens={self.tokens}{read}{block};reason={self.reason}"
+        cached = f";cached={self.cached}" if self.cached is not None else ""
+        return f"{self.outcome};tokens={self.tokens}{read}{block}{cached};reason={self.reason}"
 
     @property
     def source(self) -> str:
         """Where the turn's history KV came from (`kv_source`)."""
-        return kv_source(self.outcome, self.reason, self.read)
+        return kv_source(self.outcome, self.reason, self.read, self.cached)
 
     @property
     def explanation(self) -> str:
@@ -134,8 +140,9 @@ class Reuse:
         block = fields.get("block")
         if block is not None and not block.isdigit():
             return _malformed(value, f"block={block!r} is not a block index")
+        cached = fields.get("cached")
         return cls(outcome, int(tokens), fields.get("reason", ""), int(read) if read and read.isdigit() else None,
-                   int(block) if block is not None else None)
+                   int(block) if block is not None else None, int(cached) if cached and cached.isdigit() else None)
 
     @classmethod
     def parse_list(cls, value: str | None) -> list[Reuse]:
