@@ -10,9 +10,10 @@
         reason   one of REASONS (why a hit, why a miss; pdctl.router.reasons), which with the outcome and read
                  tells where the turn's history KV came from (`kv_source`)
         read     tokens the prefill read from the decode (D->P), where the prefill reported it (verify_at prefill)
-        cached   prompt tokens the prefill's own prefix cache held (its usage.prompt_tokens_details, where the engine
-                 reports them: vLLM's --enable-prompt-tokens-details); on a miss of a warm turn, > 0 means the
-                 prefill's cache served part of the history (kv source prefill_cache, not recomputed)
+        cached   prompt tokens the prefill did not compute (its prefix-cache hit plus its read), as it reported them
+                 in usage.prompt_tokens_details (vLLM's --enable-prompt-tokens-details); absent where it did not.
+                 On a warm turn's miss (nothing read), > 0: its own cache served part of the history (kv source
+                 prefill_cache, not recomputed)
         block    prefix_diverged only: the first KV block (0-based, block_size tokens) of the prompt that differed
                  from what the decode holds; every block before it matched. Verified at the prefill, whose check
                  compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
@@ -88,7 +89,7 @@ class Reuse:
     reason: str = ""
     read: int | None = None  # tokens the prefill read from the decode, where it said (None: not reported)
     block: int | None = None  # prefix_diverged: the first block that differed
-    cached: int | None = None  # prompt tokens the prefill's own prefix cache held, where it reported them
+    cached: int | None = None  # prompt tokens the prefill did not compute (cache hit + read), where it reported
 
 
     @property
