@@ -29,7 +29,7 @@ from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.gone import ClientGone, collect, unless_gone
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
-from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str
+from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str, unknown_share
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
@@ -56,6 +56,7 @@ class SimServer:
         self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
         self.engine = Engine(cfg, self.metrics, self.client)
         self.finished = 0
+        self.unknown_prompts, self.unknown_warned = 0, -60.0
         self.api = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -159,6 +160,7 @@ class SimServer:
                 raise EngineError(500, "Internal server error: the engine failed on this request "
                                   "(--poison-marker)", "InternalServerError")
             p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
+            self._unknown(p.prompt)
             if chat or isinstance(body.get("prompt"), str):  # token-id prompts skip the tokenizer
                 self.metrics.lab(self.metrics.encoded).inc(len(p.prompt))
                 await self._spend(timing.encode_ms(len(p.prompt)), started)
@@ -317,6 +319,21 @@ class SimServer:
         finally:
             run.abort()
         self._count_finished()
+
+    def _unknown(self, prompt: list[int]) -> None:
+        """Warn (once a minute) of prompts mostly `<unk>`: a client's tokenizer that did not know its text made them
+        (AIPerf and GuideLLM build prompts by decoding token ids), so every such prompt is the same."""
+        share = unknown_share(prompt)
+        if share < 0.5:
+            return
+        self.unknown_prompts += 1
+        now = time.monotonic()
+        if now - self.unknown_warned >= 60:
+            self.unknown_warned = now
+            log.warning("pdctl-sim: %d prompt(s) mostly `<unk>` (this one %.0f%% of %d tokens): the client's "
+                        "tokenizer does not know its text, so its prompts are all alike. Point it at the simulated "
+                        "model's tokenizer: `pdctl tokenizer --out DIR`, then e.g. `aiperf --tokenizer DIR`",
+                        self.unknown_prompts, share * 100, len(prompt))
 
     def _cached(self, run: Run) -> int | None:
         return run.cached if self.cfg.prompt_tokens_details else None

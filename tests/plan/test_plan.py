@@ -47,7 +47,8 @@ def test_seed_deployment_is_reproduced_exactly() -> None:
 
     assert decode.name == "decode-0" and decode.host == "10.0.1.11"
     assert list(decode.argv) == [
-        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--enable-prompt-tokens-details", "--host", "10.0.1.11", "--port", "8200",
+        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--enable-prompt-tokens-details", "--host", "10.0.1.11",
+        "--port", "8200",
         "--kv-transfer-config", SEED_KV % "kv_consumer",
     ]
     assert decode.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.11"

@@ -28,6 +28,7 @@ from starlette.types import Receive, Send
 
 from pdctl.router import wire
 from pdctl.router.errors import send_bytes, send_error
+from pdctl.router.kv.conversation import first_turn
 from pdctl.router.kv.handles import Taken
 from pdctl.router.turn import aggregated, decode, keep, local, overflow, prefill, request, verification
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
@@ -104,7 +105,7 @@ def _take(state: RouterState, ctx: RequestContext) -> Taken:
     cid = ctx.conversation
     if cid is None:
         return NOT_TAKEN
-    if ctx.chat and request.first_turn(ctx.body):
+    if ctx.chat and first_turn(ctx.body.get("messages")):
         state.handles.drop(cid, RESTARTED, wire.NEW_CONVERSATION)
         return Taken(None, wire.NEW_CONVERSATION)
     return state.handles.take(cid, state.stale)

@@ -84,13 +84,6 @@ def resolve(state: RouterState, ctx: RequestContext) -> str | None:
     return problem
 
 
-def first_turn(body: dict[str, Any]) -> bool:
-    """Whether a chat request is its conversation's first turn: no assistant or tool message yet."""
-    messages = body.get("messages")
-    return isinstance(messages, list) and not any(
-        isinstance(m, dict) and m.get("role") in ("assistant", "tool") for m in messages)
-
-
 def unavailable(pool: Pool) -> str:
     return f"no healthy {pool.role} instance ({len(pool.healthy())} of {len(pool.members)} healthy)"
 
