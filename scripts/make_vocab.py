@@ -4,7 +4,7 @@
 Tokens are the words of SCOWL's American English list (Debian's `wamerican`: /usr/share/dict/american-english)
 and of AIPerf's prompt corpus (Shakespeare, public domain; its `shakespeare.txt`), normalized as the tokenizer
 normalizes text (lowercase; punctuation attached to a word dropped: "Don't," -> "dont"), then the numbers 0-9999
-and standalone punctuation. Modified from SCOWL as just said; its notice is pdctl/sim/data/vocab-NOTICE.txt.
+hyphenated numbers, a few abbreviations, and standalone punctuation. Modified from SCOWL as just said; its notice is pdctl/sim/data/vocab-NOTICE.txt.
 
     apt-get install wamerican
     python scripts/make_vocab.py --corpus .../aiperf/dataset/generator/assets/shakespeare.txt
@@ -22,9 +22,16 @@ WORDS = Path("/usr/share/dict/american-english")
 _ATTACHED = re.compile(r"(?<=\w)[^\w\s]+|[^\w\s]+(?=\w)")
 _WORD = re.compile(r"\w+")
 _GENERATED = re.compile(r"w\d{1,6}")  # the `w<i>` words name ids themselves
-PUNCTUATION = [".", ",", ";", ":", "!", "?", "-", "--", "---", "...", "…", "—", "–", "'", '"', "`", "(", ")", "[",
-               "]", "{", "}", "<", ">", "/", "\\", "|", "&", "*", "#", "@", "%", "$", "+", "=", "^", "~", "_",
-               "“", "”", "‘", "’", "«", "»", "•", "·", "§", "°", "€", "£", "¥", "©", "®", "™"]
+PUNCTUATION = [".", ",", ";", ":", "!", "?", "-", "--", "---", "...", "\u2026", "\u2014", "\u2013", "'", '"', "`",
+               "(", ")", "[", "]", "{", "}",
+               "<", ">", "/", "\\", "|", "&", "*", "#", "@", "%", "$", "+", "=", "^", "~", "_",
+               "\u201c", "\u201d", "\u2018", "\u2019", "«", "»", "•", "·", "§", "°", "€", "£", "¥", "©", "®", "™"]
+
+
+TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+ONES = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+# Hyphenated numbers ("forty-five" -> "fortyfive") and abbreviations whose dots the normalizer drops.
+EXTRA = [t + o for t in TENS for o in ONES] + ["eg", "ie", "etc", "vs", "am", "pm", "phd", "usa", "uk", "eu"]
 
 
 def normalize(word: str) -> str:
@@ -46,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, action="append", default=[], help="more text whose words to add")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
-    found = words(WORDS.read_text(encoding="utf-8").splitlines())
+    found = words(WORDS.read_text(encoding="utf-8").splitlines()) + EXTRA
     for corpus in args.corpus:
         found += words(corpus.read_text(encoding="utf-8").splitlines())
     tokens = list(dict.fromkeys([*PUNCTUATION, *(str(i) for i in range(10000)), *sorted(set(found))]))
