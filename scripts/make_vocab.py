@@ -3,8 +3,9 @@
 
 Tokens are the words of SCOWL's American English list (Debian's `wamerican`: /usr/share/dict/american-english)
 and of AIPerf's prompt corpus (Shakespeare, public domain; its `shakespeare.txt`), normalized as the tokenizer
-normalizes text (lowercase; punctuation attached to a word dropped: "Don't," -> "dont"), then the numbers 0-9999
-hyphenated numbers, a few abbreviations, and standalone punctuation. Modified from SCOWL as just said; its notice is pdctl/sim/data/vocab-NOTICE.txt.
+normalizes text (lowercase; punctuation attached to a word dropped: "Don't," -> "dont"), then the numbers
+0-9999, hyphenated numbers, a few abbreviations, and standalone punctuation. Modified from SCOWL as just said;
+its notice is pdctl/sim/data/vocab-NOTICE.txt.
 
     apt-get install wamerican
     python scripts/make_vocab.py --corpus .../aiperf/dataset/generator/assets/shakespeare.txt
