@@ -4,8 +4,10 @@ knows ordinary English, counts every text as the simulator does, and loads with 
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
@@ -77,3 +79,21 @@ def test_out_must_be_a_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     result = CliRunner().invoke(app, ["tokenizer", "--out", str(tmp_path / "f")])
     assert result.exit_code == 2 and "is a file" in result.output
+
+
+def test_the_simulator_warns_of_prompts_of_unknown_tokens(tmp_path: Path) -> None:
+    """A client whose tokenizer did not know its text sends `<unk> <unk> ...`: the simulator says so, loudly."""
+    from tests.support.sim_procs import sim_process
+
+    with sim_process(tmp_path, "decode", connector=False) as sim:
+        ok = httpx.post(f"{sim.url}/v1/completions", timeout=10,
+                        json={"model": "Qwen", "prompt": "An ordinary English sentence.", "max_tokens": 2})
+        assert ok.status_code == 200 and "mostly `<unk>`" not in sim.log_text()
+        unk = httpx.post(f"{sim.url}/v1/completions", timeout=10,
+                         json={"model": "Qwen", "prompt": "<unk> <unk> <unk> word", "max_tokens": 2})
+        assert unk.status_code == 200
+        deadline = time.monotonic() + 10
+        while "mostly `<unk>`" not in sim.log_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "1 prompt(s) mostly `<unk>` (this one 75% of 4 tokens)" in sim.log_text()
+        assert "pdctl tokenizer --out DIR" in sim.log_text()
