@@ -109,11 +109,18 @@ class RouterMetrics:
         self.reused_tokens_total += tokens
         if eligible or outcome != "miss":
             self.eligible += 1
-            self.recent.append((time.monotonic(), outcome != "miss"))
+            now = time.monotonic()
+            self.recent.append((now, outcome != "miss"))
+            self._forget(now)
         self.reuse.labels(outcome, reason).inc()
         self._sources[kv_source(outcome, reason, read, cached)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)
+
+    def _forget(self, now: float) -> None:
+        """Drop the recent window's turns older than RECENT_S (on every turn: memory bounded without /stats)."""
+        while self.recent and self.recent[0][0] < now - RECENT_S:
+            self.recent.popleft()
 
     def moved(self, d_to_p: int, p_to_d: int | None) -> None:
         """A turn through the prefill: the tokens the prefill read from the decode, and those it offered back."""
@@ -147,9 +154,7 @@ class RouterMetrics:
               held: dict[str, int] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
-        since = time.monotonic() - RECENT_S
-        while self.recent and self.recent[0][0] < since:
-            self.recent.popleft()
+        self._forget(time.monotonic())
         recent_reused = sum(1 for _, r in self.recent if r)
         return RouterStats(
             requests_total=self.requests_total,
