@@ -52,9 +52,9 @@ def test_installed_wheel_inits_validates_and_runs_the_demo(wheelhouse: Path, tmp
     assert where.startswith(f"{venv}/lib/") and "site-packages" in where
 
     # The simulated model's tokenizer comes from the wheel alone, and a paragraph of English is known words.
-    _run(["pdctl", "tokenizer", "--out", "tok"], env, work)
+    _run(["pdctl", "tokenizer", "--out", str(tmp_path / "tok")], env, work)
     from tokenizers import Tokenizer  # in the dev extra: the test's own venv, not the wheel's
-    enc = Tokenizer.from_file(str(work / "tok" / "tokenizer.json")).encode("The wheel, alone, writes it.")
+    enc = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode("The wheel, alone, writes it.")
     assert len(enc.ids) == 5 and "<unk>" not in enc.tokens
 
     listed = _run(["pdctl", "init"], env, work).stdout
