@@ -60,6 +60,9 @@ class ProcessSpec:
 
 
 ENGINE_KEY_VAR = "VLLM_API_KEY"
+DEV_MODE_VAR = "VLLM_SERVER_DEV_MODE"
+# usage.prompt_tokens_details.cached_tokens in every answer: the router reports the prefill's to clients.
+TOKENS_DETAILS_FLAG = "--enable-prompt-tokens-details"
 
 
 def engine_key_path(topo: Topology, node: str) -> str:
@@ -199,6 +202,8 @@ def _engine(topo: Topology, role: Role, i: int, inst: Instance, self_python: str
             env["NIXL_LOG_LEVEL"] = "DEBUG"
         if topo.hf_home:
             env["HF_HOME"] = topo.hf_home
+        # Serves POST /reset_prefix_cache, which the router's own route of that name calls on every engine.
+        env[DEV_MODE_VAR] = "1"
     env.update(getattr(topo.env, role))
     secret_env: dict[str, str] = {}
     if not topo.has_router():
@@ -250,6 +255,7 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
         argv += ["--max-num-batched-tokens", str(model.max_num_batched_tokens)]
     if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
+    argv += _details(getattr(topo.extra_args, role))
     argv += ["--host", engine_bind(topo, inst.node), "--port", str(inst.port)]
     if topo.mode != "aggregated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
@@ -267,6 +273,10 @@ def _vllm_argv(topo: Topology, role: Role, inst: Instance) -> list[str]:
     return argv + extra
 
 
+def _details(extra: list[str]) -> list[str]:
+    return [] if TOKENS_DETAILS_FLAG in extra else [TOKENS_DETAILS_FLAG]
+
+
 def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> list[str]:
     model = topo.model_for(inst)
     node = topo.node(inst.node)
@@ -278,6 +288,7 @@ def _sim_argv(topo: Topology, role: Role, inst: Instance, self_python: str) -> l
     argv += ["--block-size", str(topo.block_size_for(inst)), "--num-gpu-blocks", str(topo.sim.num_blocks)]
     if not topo.prefix_caching_for(inst):
         argv.append("--no-enable-prefix-caching")
+    argv += _details([*topo.sim.args, *getattr(topo.extra_args, role)])
     if topo.mode != "aggregated":
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(topo, role, inst), separators=(",", ":"))]
     argv += ["--speed", f"{topo.sim.speed:g}", *topo.sim.args]

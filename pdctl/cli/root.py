@@ -123,6 +123,7 @@ from pdctl.cli.init_cmd import register as _register_init; _register_init(app)  
 from pdctl.cli.lifecycle import register as _register_lifecycle; _register_lifecycle(app)  # noqa: E402, E702, I001
 from pdctl.cli.observe import register as _register_observe; _register_observe(app)  # noqa: E402, E702, I001
 from pdctl.cli.router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
+from pdctl.cli.tokenizer import register as _register_tokenizer; _register_tokenizer(app)  # noqa: E402, E702, I001
 
 
 def main() -> None:

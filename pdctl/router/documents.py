@@ -36,6 +36,12 @@ class RouterStats:
     whole_prefill_turns: int = 0  # turns served whole on a prefill (router.overflow_kv)
     hit_rate: float = 0.0  # (hit + partial) / eligible_turns, 4 decimals
     eligible_turns: int = 0
+    reused_turns: int = 0  # hit + partial: hit_rate's numerator
+    # The same over the last recent_window_s seconds (a rate since start mixes settings changed live).
+    recent_window_s: float = 0.0
+    recent_eligible_turns: int = 0
+    recent_reused_turns: int = 0
+    recent_hit_rate: float = 0.0
     live_handles: int = 0
     pinned_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> tokens its live handles pin
     pin_budget_tokens: Mapping[str, int] = field(default_factory=dict)  # decode URL -> its budget (none: absent)
@@ -69,6 +75,11 @@ class RouterStats:
             "whole_prefill_turns": self.whole_prefill_turns,
             "hit_rate": self.hit_rate,
             "eligible_turns": self.eligible_turns,
+            "reused_turns": self.reused_turns,
+            "recent_window_s": self.recent_window_s,
+            "recent_eligible_turns": self.recent_eligible_turns,
+            "recent_reused_turns": self.recent_reused_turns,
+            "recent_hit_rate": self.recent_hit_rate,
             "live_handles": self.live_handles,
             "pinned_tokens": dict(self.pinned_tokens),
             "pin_budget_tokens": dict(self.pin_budget_tokens),
@@ -95,6 +106,11 @@ class RouterStats:
             whole_prefill_turns=_int(d, "whole_prefill_turns"),
             hit_rate=_float(d, "hit_rate"),
             eligible_turns=_int(d, "eligible_turns"),
+            reused_turns=_int(d, "reused_turns"),
+            recent_window_s=_float(d, "recent_window_s"),
+            recent_eligible_turns=_int(d, "recent_eligible_turns"),
+            recent_reused_turns=_int(d, "recent_reused_turns"),
+            recent_hit_rate=_float(d, "recent_hit_rate"),
             live_handles=_int(d, "live_handles"),
             pinned_tokens=_counts(d, "pinned_tokens"),
             pin_budget_tokens=_counts(d, "pin_budget_tokens"),

@@ -42,23 +42,27 @@ DECODE_READ = "decode_read"  # read back from the decode that holds the conversa
 DECODE_CACHE = "decode_cache"  # the decode's own prefix cache: a local turn, no transfer
 PREFILL_WHOLE = "prefill_whole"  # served whole on a prefill (overflow_kv), from its own prefix cache if anything
 RECOMPUTED = "recomputed"  # a miss: the prefill computed the prompt (its prefix cache may still have helped)
-PREFILL_CACHE = "prefill_cache"  # the prefill's own prefix cache held it (prefill_cached): nothing read or recomputed
+PREFILL_CACHE = "prefill_cache"  # the prefill's own prefix cache held it (prefill_cached, or a warm turn's miss
+# whose prefill reported cached tokens): nothing read, the rest computed
 KV_SOURCES = (DECODE_READ, DECODE_CACHE, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED)
 # The `direction` label of pdctl_router_kv_moved_tokens: what crossed between engines for one turn.
 D_TO_P = "d_to_p"  # the prefill read the decode's verified tokens (X-PD-KV-Reuse tokens)
 P_TO_D = "p_to_d"  # the decode was offered the prefill's prompt KV (its own prefix cache may cover part)
 
 
-def kv_source(outcome: str, reason: str, read: int | None = None) -> str:
+def kv_source(outcome: str, reason: str, read: int | None = None, cached: int | None = None) -> str:
     """Where a turn's history KV came from, given its X-PD-KV-Reuse outcome, reason and, where the prefill
-    reported it, what it read from the decode. The one account: the router's metric and traces, the bench's
-    path labels (pdctl.bench.paths)."""
+    reported them, what it read from the decode and what its own prefix cache held. The one account: the router's
+    metric and traces, the bench's path labels (pdctl.bench.paths). A warm turn's miss (bidirectional off, a
+    released handle, ...) whose prefill found part of the prompt in its own cache is `prefill_cache`: nothing was
+    read and not all was recomputed; a conversation's first turn is `recomputed` whatever the cache shared."""
     if reason == DECODE_LOCAL:
         return DECODE_CACHE
     if reason == WHOLE_PREFILL:
         return PREFILL_WHOLE
     if outcome not in ("hit", "partial"):
-        return RECOMPUTED
+        warm = reason not in (NEW_CONVERSATION, NOT_ELIGIBLE)
+        return PREFILL_CACHE if warm and cached else RECOMPUTED
     if reason == PREFILL_CACHED or read == 0:
         return PREFILL_CACHE
     return DECODE_READ

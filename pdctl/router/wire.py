@@ -10,6 +10,10 @@
         reason   one of REASONS (why a hit, why a miss; pdctl.router.reasons), which with the outcome and read
                  tells where the turn's history KV came from (`kv_source`)
         read     tokens the prefill read from the decode (D->P), where the prefill reported it (verify_at prefill)
+        cached   prompt tokens the prefill did not compute (its prefix-cache hit plus its read), as it reported them
+                 in usage.prompt_tokens_details (vLLM's --enable-prompt-tokens-details); absent where it did not.
+                 On a warm turn's miss (nothing read), > 0: its own cache served part of the history (kv source
+                 prefill_cache, not recomputed)
         block    prefix_diverged only: the first KV block (0-based, block_size tokens) of the prompt that differed
                  from what the decode holds; every block before it matched. Verified at the prefill, whose check
                  compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
@@ -85,18 +89,21 @@ class Reuse:
     reason: str = ""
     read: int | None = None  # tokens the prefill read from the decode, where it said (None: not reported)
     block: int | None = None  # prefix_diverged: the first block that differed
+    cached: int | None = None  # prompt tokens the prefill did not compute (cache hit + read), where it reported
+
 
     @property
     def header(self) -> str:
         # read and block before the reason: a reader that takes whatever follows `reason=` still reads the reason.
         read = f";read={self.read}" if self.read is not None else ""
         block = f";block={self.block}" if self.block is not None else ""
-        return f"{self.outcome};tokens={self.tokens}{read}{block};reason={self.reason}"
+        cached = f";cached={self.cached}" if self.cached is not None else ""
+        return f"{self.outcome};tokens={self.tokens}{read}{block}{cached};reason={self.reason}"
 
     @property
     def source(self) -> str:
         """Where the turn's history KV came from (`kv_source`)."""
-        return kv_source(self.outcome, self.reason, self.read)
+        return kv_source(self.outcome, self.reason, self.read, self.cached)
 
     @property
     def explanation(self) -> str:
@@ -134,8 +141,9 @@ class Reuse:
         block = fields.get("block")
         if block is not None and not block.isdigit():
             return _malformed(value, f"block={block!r} is not a block index")
+        cached = fields.get("cached")
         return cls(outcome, int(tokens), fields.get("reason", ""), int(read) if read and read.isdigit() else None,
-                   int(block) if block is not None else None)
+                   int(block) if block is not None else None, int(cached) if cached and cached.isdigit() else None)
 
     @classmethod
     def parse_list(cls, value: str | None) -> list[Reuse]:

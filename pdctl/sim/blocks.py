@@ -125,6 +125,13 @@ class BlockPool:
         if self.on_free is not None:
             self.on_free()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: no later lookup hits. Blocks in use keep their tokens (a retained handle's
+        read still gets them) but are no longer found by prefix."""
+        self.cached.clear()
+        for block in self.blocks:
+            block.hash = None
+
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref == 0:

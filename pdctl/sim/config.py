@@ -62,6 +62,7 @@ class SimConfig:
     kv_pull_delay_ms: float = 0.0
     stream_kv_params: bool = True
     prefix_check: bool = True
+    prompt_tokens_details: bool = False
     api_key: str | None = field(default=None, repr=False)
     ignored_args: tuple[str, ...] = ()
 
@@ -140,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as a prefill, verify the router's digests of a handle's tokens before reading it "
                    "(pdctl.prefix_check, which pdctl patches into vLLM); --no-prefix-check: a vLLM without the "
                    "patch, which then reads nothing of a handle the router sent for checking")
+    s.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="report usage.prompt_tokens_details.cached_tokens (the prefix-cache hit plus KV read from "
+                   "the peer), as vLLM does with this flag")
     return p
 
 
@@ -191,6 +195,7 @@ def parse_args(argv: Sequence[str], env: dict[str, str] | None = None) -> SimCon
         kv_pull_delay_ms=args.kv_pull_delay_ms,
         stream_kv_params=args.stream_kv_params,
         prefix_check=args.prefix_check,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
         api_key=args.api_key or env.get("VLLM_API_KEY") or None,
         ignored_args=tuple(unknown),
     )

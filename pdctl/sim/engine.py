@@ -64,6 +64,7 @@ class Run:
     ticket: Ticket | None = None  # the request's place in the step loop, with --step-model
     closed: bool = field(default=False)
     begun: float = field(default_factory=time.perf_counter)  # vLLM's request latencies start here
+    cached: int = 0  # prompt tokens not computed here: its prefix-cache hit plus what it read from the peer
 
     async def tokens(self) -> AsyncIterator[int]:
         m = self.engine.metrics
@@ -278,7 +279,7 @@ class Engine:
                 self.steps.drop(ticket)
                 pool.free_blocks(ids)
                 raise
-            return Run(self, req, output, ids, len(seq), is_p, is_d, pacer, ticket)
+            return Run(self, req, output, ids, len(seq), is_p, is_d, pacer, ticket, cached=hit + pulled)
         overhead = timing.DECODE_OVERHEAD_MS if is_d else timing.PREFILL_OVERHEAD_MS
         await pacer.wait_ms(overhead + read_ms + cfg.extra_latency_ms)
         compute_ms = timing.prefill_compute_ms(n - hit - pulled, hit + pulled)
@@ -287,7 +288,7 @@ class Engine:
                 await pacer.wait_ms(compute_ms)
         if is_d:
             await pacer.wait_ms(timing.TPOT_MS)
-        return Run(self, req, output, ids, len(seq), is_p, is_d, pacer)
+        return Run(self, req, output, ids, len(seq), is_p, is_d, pacer, cached=hit + pulled)
 
     async def _pull(
         self, req: GenRequest, params: dict[str, Any], is_p: bool, is_d: bool, seq: list[int], hit_blocks: int,

@@ -139,12 +139,15 @@ def new_ids(chat: bool, header_id: str | None) -> tuple[str, str]:
     return rid, f"{rid}-0-{uuid.uuid4().hex[:8]}"
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
+def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+    """vLLM's usage; `cached` (with --enable-prompt-tokens-details): prompt tokens whose KV was not computed."""
+    details = {"cached_tokens": cached} if cached is not None else None
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}
+            "prompt_tokens_details": details}
 
 
-def full_body(p: Parsed, rid: str, model: str, outputs: list[list[int]], kv: dict[str, Any] | None) -> dict[str, Any]:
+def full_body(p: Parsed, rid: str, model: str, outputs: list[list[int]], kv: dict[str, Any] | None,
+              cached: int | None = None) -> dict[str, Any]:
     """The whole response; `outputs` holds one token list per choice (n of them)."""
     pids = p.prompt if p.return_token_ids else None
     base = {"id": rid, "object": "chat.completion" if p.chat else "text_completion", "created": int(time.time()),
@@ -166,7 +169,7 @@ def full_body(p: Parsed, rid: str, model: str, outputs: list[list[int]], kv: dic
                             "prompt_token_ids": pids, "routed_experts": None})
     extra = {"prompt_logprobs": None, "prompt_token_ids": pids} if p.chat else {}
     return {**base, "choices": choices, "service_tier": None, "system_fingerprint": FINGERPRINT,
-            "usage": usage(len(p.prompt), sum(len(o) for o in outputs)), **extra, "kv_transfer_params": kv,
+            "usage": usage(len(p.prompt), sum(len(o) for o in outputs), cached), **extra, "kv_transfer_params": kv,
             "ec_transfer_params": None, "metrics": None}
 
 
@@ -227,7 +230,8 @@ except ImportError:  # pragma: no cover - orjson comes with pdctl
         return json.dumps(data, separators=(",", ":"))
 
 
-def usage_chunk(p: Parsed, rid: str, created: int, model: str, completion: int) -> dict[str, Any]:
+def usage_chunk(p: Parsed, rid: str, created: int, model: str, completion: int,
+                cached: int | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk" if p.chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": usage(len(p.prompt), completion),
+            "model": model, "choices": [], "usage": usage(len(p.prompt), completion, cached),
             "system_fingerprint": FINGERPRINT}

@@ -28,7 +28,7 @@ from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.gone import ClientGone, collect, unless_gone
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
-from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str
+from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str, unknown_share
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
@@ -54,6 +54,7 @@ class SimServer:
         self.served_names = cfg.served_model_names or (cfg.model,)
         self.engine = Engine(cfg, self.metrics)
         self.finished = 0
+        self.unknown_prompts, self.unknown_warned = 0, -60.0
         self.api = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
@@ -63,6 +64,7 @@ class SimServer:
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/detokenize", self.detokenize, methods=["POST"]), Route("/metrics", self.metrics_page),
             Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
+            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
         ], exception_handlers={404: _not_found, 405: _not_allowed})
         self.side = Starlette(routes=[
             Route("/handshake", self.handshake), Route("/read", self.side_read, methods=["POST"]),
@@ -156,6 +158,7 @@ class SimServer:
                 raise EngineError(500, "Internal server error: the engine failed on this request "
                                   "(--poison-marker)", "InternalServerError")
             p = protocol.parse(body, chat, self.served_names, self.cfg.max_model_len)
+            self._unknown(p.prompt)
             if chat or isinstance(body.get("prompt"), str):  # token-id prompts skip the tokenizer
                 self.metrics.lab(self.metrics.encoded).inc(len(p.prompt))
                 await self._spend(timing.encode_ms(len(p.prompt)), started)
@@ -182,7 +185,7 @@ class SimServer:
         finally:
             run.abort()
         self._count_finished()
-        return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv))
+        return JSONResponse(protocol.full_body(p, rid, p.model, [output], kv, self._cached(run)))
 
     async def responses(self, request: Request) -> Response:
         return await self._agent(request, anthropic=False)
@@ -309,11 +312,35 @@ class SimServer:
                     yield middle.format(piece=decode_piece(token), tid=token)
                 i += 1
             if p.include_usage:
-                yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output)))
+                yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output), self._cached(run)))
             yield "data: [DONE]\n\n"
         finally:
             run.abort()
         self._count_finished()
+
+    def _unknown(self, prompt: list[int]) -> None:
+        """Warn (once a minute) of prompts mostly `<unk>`: a client's tokenizer that did not know its text made them
+        (AIPerf and GuideLLM build prompts by decoding token ids), so every such prompt is the same."""
+        share = unknown_share(prompt)
+        if share < 0.5:
+            return
+        self.unknown_prompts += 1
+        now = time.monotonic()
+        if now - self.unknown_warned >= 60:
+            self.unknown_warned = now
+            log.warning("pdctl-sim: %d prompt(s) mostly `<unk>` (this one %.0f%% of %d tokens): the client's "
+                        "tokenizer does not know its text, so its prompts are all alike. Point it at the simulated "
+                        "model's tokenizer: `pdctl tokenizer --out DIR`, then e.g. `aiperf --tokenizer DIR`",
+                        self.unknown_prompts, share * 100, len(prompt))
+
+    def _cached(self, run: Run) -> int | None:
+        return run.cached if self.cfg.prompt_tokens_details else None
+
+    async def reset_prefix_cache(self, _: Request) -> Response:
+        """vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1): forget every cached prefix; 200 with no body."""
+        self.engine.pool.reset_prefix_cache()
+        log.info("pdctl-sim: prefix cache reset")
+        return Response(status_code=200)
 
     def _count_finished(self) -> None:
         self.finished += 1

@@ -1,9 +1,12 @@
 """A deterministic word-level tokenizer and chat template, shaped like pdctl's dummy Qwen3 model.
 
-Text is split on whitespace (special tokens split out first); the word `w<i>` is id i, the specials keep
-Qwen3's ids, and any other word gets a stable id from a CRC. Generated ids are always `w<i>` words, so
-generated text re-tokenizes to the same ids. The chat template is ChatML rendered to ids, so the rendering of
-a history is a strict prefix of the rendering of that history plus more messages.
+Text is split on whitespace (special tokens split out first): every word is one token. A word of the English
+vocabulary (pdctl.sim.vocab: lowercased, attached punctuation dropped) is its id there; the word `w<i>` is id i;
+the specials keep Qwen3's ids; `<unk>` is 151646; any other word gets a stable id from a CRC. Generated ids decode
+to the vocabulary's words (or `w<i>`), so generated text re-tokenizes to the same ids, and the Hugging Face
+tokenizer pdctl writes for clients (pdctl.sim.model_dir) counts every text as the simulator does. The chat
+template is ChatML rendered to ids, so the rendering of a history is a strict prefix of the rendering of that
+history plus more messages.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pdctl.sim import vocab
+
 VOCAB_SIZE = 151936
-ENDOFTEXT, IM_START, IM_END = 151643, 151644, 151645
+ENDOFTEXT, IM_START, IM_END, UNK = 151643, 151644, 151645, 151646
 THINK_START, THINK_END = 151667, 151668
 TOOL_CALL_START, TOOL_CALL_END = 151657, 151658
-SPECIALS = {"<|endoftext|>": ENDOFTEXT, "<|im_start|>": IM_START, "<|im_end|>": IM_END,
+SPECIALS = {"<|endoftext|>": ENDOFTEXT, "<|im_start|>": IM_START, "<|im_end|>": IM_END, "<unk>": UNK,
             "<think>": THINK_START, "</think>": THINK_END, "<tool_call>": TOOL_CALL_START,
             "</tool_call>": TOOL_CALL_END}
 SPECIAL_TEXT = {i: t for t, i in SPECIALS.items()}
@@ -34,9 +39,13 @@ def word_id(word: str) -> int:
     special = SPECIALS.get(word)
     if special is not None:
         return special
-    m = _WORD_ID_RE.fullmatch(word)
+    norm = vocab.normalize(word)  # as the Hugging Face tokenizer's normalizer: "W5," is w5, "Hello," hello
+    m = _WORD_ID_RE.fullmatch(norm)
     if m and int(m.group(1)) < VOCAB_SIZE and int(m.group(1)) not in SPECIAL_TEXT:
         return int(m.group(1))
+    known = vocab.ids().get(norm)
+    if known is not None:
+        return known
     return GEN_LOW + zlib.crc32(word.encode("utf-8")) % (GEN_HIGH - GEN_LOW)
 
 
@@ -51,7 +60,12 @@ def encode(text: str) -> list[int]:
 
 
 def token_str(token_id: int) -> str:
-    return SPECIAL_TEXT.get(token_id, f"w{token_id}")
+    return SPECIAL_TEXT.get(token_id) or vocab.word(token_id) or f"w{token_id}"
+
+
+def unknown_share(ids: Sequence[int]) -> float:
+    """The share of a prompt's tokens that are `<unk>`: text a client's tokenizer did not know, sent as `<unk>`."""
+    return ids.count(UNK) / len(ids) if ids else 0.0
 
 
 def decode_piece(token_id: int) -> str:

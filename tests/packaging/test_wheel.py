@@ -38,7 +38,8 @@ def test_installed_wheel_inits_validates_and_runs_the_demo(wheelhouse: Path, tmp
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)], base, tmp_path)
     (wheel,) = dist.glob("pdctl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"pdctl/configs/local-sim.yaml", "pdctl/configs/p5en-1p1d.yaml", "pdctl/py.typed"} <= set(names)
+    assert {"pdctl/configs/local-sim.yaml", "pdctl/configs/p5en-1p1d.yaml", "pdctl/py.typed",
+            "pdctl/sim/data/vocab.txt", "pdctl/sim/data/vocab-NOTICE.txt"} <= set(names)
     assert not any(n.startswith(("configs/", "tests/")) for n in names)
 
     work = tmp_path / "elsewhere"
@@ -49,6 +50,12 @@ def test_installed_wheel_inits_validates_and_runs_the_demo(wheelhouse: Path, tmp
     _run(["pip", "install", "-q", str(wheel)], env, work)
     where = _run(["python", "-c", "import pdctl; print(pdctl.__file__)"], env, work).stdout.strip()
     assert where.startswith(f"{venv}/lib/") and "site-packages" in where
+
+    # The simulated model's tokenizer comes from the wheel alone, and a paragraph of English is known words.
+    _run(["pdctl", "tokenizer", "--out", str(tmp_path / "tok")], env, work)
+    from tokenizers import Tokenizer  # in the dev extra: the test's own venv, not the wheel's
+    enc = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode("The wheel, alone, writes it.")
+    assert len(enc.ids) == 5 and "<unk>" not in enc.tokens
 
     listed = _run(["pdctl", "init"], env, work).stdout
     assert "local-sim" in listed and "p5en-1p1d" in listed

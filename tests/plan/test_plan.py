@@ -35,17 +35,20 @@ def test_seed_deployment_is_reproduced_exactly() -> None:
 
     assert prefill.name == "prefill-0" and prefill.host == "10.0.1.10"
     assert list(prefill.argv) == [
-        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--no-enable-prefix-caching", "--host", "10.0.1.10", "--port", "8100",
+        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--host", "10.0.1.10", "--port", "8100",
         "--kv-transfer-config", SEED_KV % "kv_producer",
     ]
     assert prefill.env["FI_PROVIDER"] == "efa"
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.10"
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert prefill.env["PDCTL_DEPLOYMENT"] == "p5en-1p1d"
+    assert prefill.env["VLLM_SERVER_DEV_MODE"] == "1"  # the router's POST /reset_prefix_cache calls the engines'
 
     assert decode.name == "decode-0" and decode.host == "10.0.1.11"
     assert list(decode.argv) == [
-        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--host", "10.0.1.11", "--port", "8200",
+        "~/.pdctl/venv/bin/vllm", *SEED_MODEL, "--enable-prompt-tokens-details", "--host", "10.0.1.11",
+        "--port", "8200",
         "--kv-transfer-config", SEED_KV % "kv_consumer",
     ]
     assert decode.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.0.1.11"
@@ -99,7 +102,7 @@ def test_plan_command_prints_the_commands() -> None:
     assert "FI_PROVIDER=efa" in result.output
     assert ("~/.pdctl/venv/bin/vllm' serve Qwen/Qwen3-32B --served-model-name Qwen --dtype bfloat16 "
             "--tensor-parallel-size 8 --max-model-len 32768 --max-num-seqs 8 --no-enable-prefix-caching "
-            "--host 10.0.1.10 --port 8100 --kv-transfer-config") in result.output
+            "--enable-prompt-tokens-details --host 10.0.1.10 --port 8100 --kv-transfer-config") in result.output
     assert 'VLLM_API_KEY="$(cat ~/.pdctl/p5en-1p1d/engine.key)"' in result.output
 
 

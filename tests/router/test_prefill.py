@@ -140,7 +140,8 @@ def test_a_repeated_conversation_id_never_reuses_another_conversations_kv(router
     b = Conversation(router.url, True, False, "header", cid)
     a.turn("conversation a " + "about apples " * 20)
     first_b = b.turn("conversation b " + "about boats " * 40)
-    assert (first_b.outcome, first_b.reason) == ("miss", "prefix_diverged"), first_b.reuse
+    # A first turn (no assistant message) starts the id's conversation anew: a's handle is released, not read.
+    assert (first_b.outcome, first_b.reason) == ("miss", "new_conversation"), first_b.reuse
     second_a = a.turn("more about apples " * 40)
     assert (second_a.outcome, second_a.reason) == ("miss", "prefix_diverged"), second_a.reuse
     with httpx.Client(timeout=30) as client:  # the same with token ids, where no /tokenize runs at all

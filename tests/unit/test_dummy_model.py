@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "make_dummy_model.py"
 VOCAB_SIZE = 151936
-SPECIAL_IDS = {151643, 151644, 151645}
+SPECIAL_IDS = {151643, 151644, 151645, 151646}  # <unk> is a special token too (skipped when decoding skips them)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_every_id_is_a_token(tokenizer: Tokenizer) -> None:
 
 def test_random_ids_round_trip(tokenizer: Tokenizer) -> None:
     rng = random.Random(0)
-    ids = [rng.randrange(VOCAB_SIZE) for _ in range(5000)] + sorted(SPECIAL_IDS) + [151646]
+    ids = [rng.randrange(VOCAB_SIZE) for _ in range(5000)] + sorted(SPECIAL_IDS)
     rng.shuffle(ids)
 
     text = tokenizer.decode(ids, skip_special_tokens=False)
@@ -107,8 +107,11 @@ def test_random_ids_round_trip(tokenizer: Tokenizer) -> None:
     assert tokenizer.encode(text, add_special_tokens=False).ids == plain
 
 
-def test_unknown_words_map_to_unk(tokenizer: Tokenizer) -> None:
-    assert tokenizer.encode("hello w7\n w8", add_special_tokens=False).ids == [151646, 7, 8]
+def test_english_words_are_known_and_unknown_words_map_to_unk(tokenizer: Tokenizer) -> None:
+    # The tokenizer is the simulator's (pdctl.sim.model_dir): English words are in its vocabulary, one token each.
+    hello, world = tokenizer.encode("Hello, world!", add_special_tokens=False).ids
+    assert 1000 <= hello < 151643 and 1000 <= world < 151643 and tokenizer.id_to_token(hello) == "hello"
+    assert tokenizer.encode("qzxvkj w7\n w8", add_special_tokens=False).ids == [151646, 7, 8]
 
 
 def test_chat_template_renders_histories_as_prefixes(model_dir: Path) -> None:

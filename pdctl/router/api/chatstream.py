@@ -47,6 +47,7 @@ class Finish:
 class Usage:
     prompt: int
     completion: int
+    cached: int | None = None  # prompt_tokens_details.cached_tokens, where the answer has them
 
 
 Event = Reasoning | Text | ToolStart | ToolArgs | Finish | Usage
@@ -126,7 +127,9 @@ def _usage(obj: dict[str, Any]) -> list[Event]:
     prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
     if not isinstance(prompt, int) or not isinstance(completion, int):
         return []
-    return [Usage(prompt, completion)]
+    details = u.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return [Usage(prompt, completion, cached if isinstance(cached, int) else None)]
 
 
 def reused_tokens(headers: list[tuple[bytes, bytes]]) -> int:

@@ -43,6 +43,8 @@ class TurnRenderer(ABC):
             self.finish = e.reason
         elif isinstance(e, Usage):
             self.usage = (e.prompt, e.completion)
+            if e.cached is not None:  # the turn's own figure (the router's chat usage) over the header's
+                self.reused = e.cached
         return b""
 
     def _ensure(self, kind: str) -> tuple[bytes, dict[str, Any]]:

@@ -38,6 +38,12 @@ def explicit_id(body_value: Any, headers: Mapping[str, str]) -> str | None:
     return "c:" + text
 
 
+def first_turn(messages: Any) -> bool:
+    """Whether a chat request is its conversation's first turn: no assistant or tool message yet."""
+    return isinstance(messages, list) and not any(
+        isinstance(m, dict) and m.get("role") in ("assistant", "tool") for m in messages)
+
+
 def new_id() -> str:
     return "d:" + uuid.uuid4().hex
 

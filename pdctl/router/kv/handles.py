@@ -114,6 +114,9 @@ class HandleTable:
         self.block_size = block_size
         self._live: OrderedDict[str, Handle] = OrderedDict()
         self._tombs: OrderedDict[str, str] = OrderedDict()
+        # A tombstoned conversation's derived key, so that its next turn finds it (and its miss reason) without an
+        # id, as a client that sends one does: no handle came back (bidirectional off), the next turn is still warm.
+        self._tomb_keys: dict[str, Hashable] = {}
         self._leased: dict[str, int] = {}
         self._pinned: dict[str, int] = {}
         # Per decode: how many live handles hold each whole chunk of their prefix, by the chunk's digest in the
@@ -133,6 +136,7 @@ class HandleTable:
             if old.request_id != handle.request_id:
                 self._unread(old, REPLACED)
         self._tombs.pop(cid, None)
+        self._forget_key(cid)
         self._live[cid] = handle
         self._count(handle, +1)
         if self.index is not None and handle.derived_key is not None:
@@ -257,12 +261,23 @@ class HandleTable:
         else:
             self._leased.pop(cid, None)
 
-    def mark(self, cid: str, reason: str) -> None:
-        """Remember why a conversation has no handle, for its next turn's miss reason."""
+    def mark(self, cid: str, reason: str, key: Hashable | None = None) -> None:
+        """Remember why a conversation has no handle, for its next turn's miss reason; `key`: the derived key its
+        next turn is found by (a conversation without an id)."""
         self._tombs[cid] = reason
         self._tombs.move_to_end(cid)
+        if key is not None and self.index is not None:
+            self._forget_key(cid)
+            self._tomb_keys[cid] = key
+            self.index.add(key, cid)
         while len(self._tombs) > self.max_size:
-            self._tombs.popitem(last=False)
+            old, _ = self._tombs.popitem(last=False)
+            self._forget_key(old)
+
+    def _forget_key(self, cid: str) -> None:
+        key = self._tomb_keys.pop(cid, None)
+        if key is not None and self.index is not None:
+            self.index.discard(key, cid)
 
     def sweep(self, stale: Stale | None = None) -> int:
         """Drop every expired handle, and every one `stale` says its decode may have lost; return how many."""

@@ -121,7 +121,8 @@ class JsonBody:
         self.read_timeout = read_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        route = scope[SCOPE_KEY].route if scope["type"] == "http" else None
+        if scope["type"] != "http" or scope["method"] != "POST" or (route is not None and not route.json_body):
             await self.app(scope, receive, send)
             return
         ctype = next((v for k, v in scope["headers"] if k == b"content-type"), None)

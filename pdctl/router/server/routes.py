@@ -14,7 +14,7 @@ from typing import Literal
 from starlette.types import Receive, Send
 
 from pdctl.router.api import chat, messages, responses
-from pdctl.router.server import endpoints, passthrough
+from pdctl.router.server import endpoints, passthrough, reset
 from pdctl.router.turn.context import RequestContext, RouteInfo
 from pdctl.router.turn.state import RouterState
 
@@ -29,6 +29,7 @@ class Route:
     prefix: bool = False  # `path` starts the paths it serves (/v1/models/{model}); counted as "other"
     auth: bool = True  # False: answers without the API key (/health: load balancers probe it)
     anthropic: bool = False  # errors in Anthropic's shape (anthropic_errors.py)
+    json_body: bool = True  # False: the body is not read (an admin action; clients POST it empty, of any type)
 
 
 class RouteTable:
@@ -67,4 +68,5 @@ ROUTES = RouteTable([
     Route("/health", "GET", endpoints.health, auth=False),
     Route("/stats", "GET", endpoints.stats),
     Route("/metrics", "GET", endpoints.metrics),
+    Route("/reset_prefix_cache", "POST", reset.reset_prefix_cache, json_body=False),
 ])

@@ -13,9 +13,11 @@ from pdctl.router.upstream.sse import SseEvents
 
 
 class Capture:
-    def __init__(self, chat: bool, keep_ids: bool) -> None:
+    def __init__(self, chat: bool, keep_ids: bool, cached: int | None = None,
+                 cached_default: int | None = None) -> None:
         self.chat = chat
         self.keep_ids = keep_ids
+        self.cached, self.cached_default = cached, cached_default
         self.params: dict[str, Any] | None = None
         self.prompt_ids: list[int] | None = None
         self.output_ids: list[int] = []
@@ -32,6 +34,9 @@ class Capture:
         top = obj.pop("prompt_token_ids", None) if not self.keep_ids else obj.get("prompt_token_ids")
         if isinstance(top, list):
             self.prompt_ids = top
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._usage(usage)
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
@@ -49,6 +54,18 @@ class Capture:
             if choice.get("finish_reason") is not None:
                 self.finished = True
             self._reply(choice, whole)
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        """The client's cached tokens, as vLLM reports them: the decode's own figure counts the prefill's KV it
+        pulled, which the client's prompt did not find cached; the turn's figure replaces it."""
+        details = usage.get("prompt_tokens_details")
+        own = details.get("cached_tokens") if isinstance(details, dict) else None
+        cached = self.cached
+        if cached is None and not isinstance(own, int):
+            cached = self.cached_default
+        if cached is not None:
+            usage["prompt_tokens_details"] = {**(details if isinstance(details, dict) else {}),
+                                              "cached_tokens": cached}
 
     def _reply(self, choice: dict[str, Any], whole: bool) -> None:
         if not self.chat:

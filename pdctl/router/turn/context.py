@@ -39,6 +39,8 @@ class RouteInfo(Protocol):
     def auth(self) -> bool: ...
     @property
     def anthropic(self) -> bool: ...
+    @property
+    def json_body(self) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -61,6 +63,11 @@ class RequestContext:
     spent: bool = False  # a prefill got the taken handle (it read the blocks or told the decode to free them)
     started: float = 0.0  # when the completion began (the TTFT metric's origin)
     trace: Trace | None = None  # the turn's spans (turn/trace.py); None: tracing off, or not sampled
+    # usage.prompt_tokens_details.cached_tokens for the client: the prefill's own report (its prefix-cache hit plus
+    # what it read from the decode) where it made one, else `cached_default` (the X-PD-KV-Reuse tokens) unless the
+    # decode's answer carries its own (a local turn).
+    cached_tokens: int | None = None
+    cached_default: int | None = None
 
     @property
     def chat(self) -> bool:

@@ -82,7 +82,7 @@ async def run(
         if d is None:
             break
         tried.append(d)
-        capture = Capture(ctx.chat, keep_ids)
+        capture = Capture(ctx.chat, keep_ids, ctx.cached_tokens, ctx.cached_default)
         finish = _once(done, capture, d)
         d.outstanding += 1
         try:

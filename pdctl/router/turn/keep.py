@@ -28,12 +28,12 @@ def new_handle(state: RouterState, ctx: RequestContext, capture: Capture, d: Ups
     cid = ctx.conversation
     if cid is None:
         return
-    if capture.params is None:
-        state.handles.mark(cid, wire.NO_HANDLE_RETURNED)
-        return
-    state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     derivation = ctx.derivation
     key = derivation.reply_key(capture.reply(), capture.output_ids) if derivation is not None else None
+    if capture.params is None:  # its next turn is warm all the same, found by its key where it has no id
+        state.handles.mark(cid, wire.NO_HANDLE_RETURNED, key)
+        return
+    state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     now, cfg = state.handles.clock(), state.config
     held = as_tokens(capture.held_tokens())
     n = capture.params.get("remote_num_tokens")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,6 +18,7 @@ from pdctl.router.wire import D_TO_P, KV_SOURCES, P_TO_D, WHOLE_PREFILL, RouterS
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 _ROLES = ("prefill", "decode")
+RECENT_S = 60.0  # the window of /stats recent_hit_rate
 
 
 class RouterMetrics:
@@ -47,10 +49,12 @@ class RouterMetrics:
                             "blocks).", ["index"], registry=r)
         self.kv_source = Counter("pdctl_router_turn_kv_source", "Turns by where their prompt KV came from: "
                                  "decode_read (D->P), decode_cache (a local turn), prefill_cache (the "
-                                 "prefill's own cache, nothing read), prefill_whole (overflow_kv), recomputed "
-                                 "(a miss).", ["source"], registry=r)
+                                 "prefill's own cache, nothing read; also a warm turn's miss it partly "
+                                 "served), prefill_whole (overflow_kv), recomputed (a miss the prefill "
+                                 "computed).", ["source"], registry=r)
         self.kv_moved = Histogram("pdctl_router_kv_moved_tokens", "KV tokens one turn moved between engines: d_to_p "
-                                  "(the prefill read the decode's verified tokens), p_to_d (the prompt KV the "
+                                  "(the tokens the prefill read from the decode; 0 when its own cache held "
+                                  "them), p_to_d (the prompt KV the "
                                   "prefill offered the decode; its prefix cache may hold part).", ["direction"],
                                   buckets=_TOKEN_BUCKETS, registry=r)
         self.diverged = Histogram("pdctl_router_prefix_diverged_tokens", "Where a diverged prefix first differed: "
@@ -90,20 +94,33 @@ class RouterMetrics:
         self.local_turns_total = 0
         self.whole_prefill_total = 0
         self.eligible = 0
+        # Eligible turns of the last RECENT_S seconds, (when, reused), for the recent hit rate: after a change of
+        # settings (bidirectional on/off, a reset) the rate since start mixes both.
+        self.recent: deque[tuple[float, bool]] = deque()
 
     def request(self, route: str, status: int) -> None:
         self.requests_total += 1
         self.requests.labels(route, str(status)).inc()
 
-    def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool, read: int | None = None) -> None:
+    def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool, read: int | None = None,
+                      cached: int | None = None) -> None:
         self.outcomes[outcome] += 1
         self.reasons[reason] += 1
         self.reused_tokens_total += tokens
-        self.eligible += eligible or outcome != "miss"
+        if eligible or outcome != "miss":
+            self.eligible += 1
+            now = time.monotonic()
+            self.recent.append((now, outcome != "miss"))
+            self._forget(now)
         self.reuse.labels(outcome, reason).inc()
-        self._sources[kv_source(outcome, reason, read)].inc()
+        self._sources[kv_source(outcome, reason, read, cached)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)
+
+    def _forget(self, now: float) -> None:
+        """Drop the recent window's turns older than RECENT_S (on every turn: memory bounded without /stats)."""
+        while self.recent and self.recent[0][0] < now - RECENT_S:
+            self.recent.popleft()
 
     def moved(self, d_to_p: int, p_to_d: int | None) -> None:
         """A turn through the prefill: the tokens the prefill read from the decode, and those it offered back."""
@@ -137,6 +154,8 @@ class RouterMetrics:
               held: dict[str, int] | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
+        self._forget(time.monotonic())
+        recent_reused = sum(1 for _, r in self.recent if r)
         return RouterStats(
             requests_total=self.requests_total,
             reuse=dict(self.outcomes),
@@ -146,6 +165,11 @@ class RouterMetrics:
             whole_prefill_turns=self.whole_prefill_total,
             hit_rate=round(reused / self.eligible, 4) if self.eligible else 0.0,
             eligible_turns=self.eligible,
+            reused_turns=reused,
+            recent_window_s=RECENT_S,
+            recent_eligible_turns=len(self.recent),
+            recent_reused_turns=recent_reused,
+            recent_hit_rate=round(recent_reused / len(self.recent), 4) if self.recent else 0.0,
             live_handles=live_handles,
             pinned_tokens=pinned or {},
             pin_budget_tokens=budgets or {},

@@ -21,23 +21,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from starlette.types import Receive, Send
 
 from pdctl.router import wire
 from pdctl.router.errors import send_bytes, send_error
+from pdctl.router.kv.conversation import first_turn
+from pdctl.router.kv.handles import Taken
 from pdctl.router.turn import aggregated, decode, keep, local, overflow, prefill, request, verification
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.trace import CLIENT, Trace
-from pdctl.router.turn.verify import offered_tokens
+from pdctl.router.turn.verify import Verdict, offered_tokens
 from pdctl.router.upstream import load
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
+RESTARTED = "restarted"  # the release reason of a handle whose conversation started again from its first turn
 
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
@@ -74,7 +77,7 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
         return
     if not await state.decode_gate.admit(send):
         return
-    ctx.taken = state.handles.take(ctx.conversation, state.stale) if ctx.conversation else NOT_TAKEN
+    ctx.taken = _take(state, ctx)
     try:
         p = state.prefill_policy.pick(state.prefill, ctx.conversation or ctx.rid)
         if p is None:
@@ -94,6 +97,18 @@ async def _turn(state: RouterState, ctx: RequestContext, receive: Receive, send:
         state.decode_gate.release()
         ctx.release(state.handles)
         keep.release_unread(state, ctx)
+
+
+def _take(state: RouterState, ctx: RequestContext) -> Taken:
+    """The conversation's handle for this turn. A chat that starts again from its first turn (a replayed trace, a
+    client reusing its session id) is a new conversation, not a warm turn that missed: its old handle is released."""
+    cid = ctx.conversation
+    if cid is None:
+        return NOT_TAKEN
+    if ctx.chat and first_turn(ctx.body.get("messages")):
+        state.handles.drop(cid, RESTARTED, wire.NEW_CONVERSATION)
+        return Taken(None, wire.NEW_CONVERSATION)
+    return state.handles.take(cid, state.stale)
 
 
 async def _whole_on_prefill(state: RouterState, ctx: RequestContext, send: Send, p: Upstream) -> bool:
@@ -117,6 +132,7 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
     reuse = wire.Reuse("hit", here.held, wire.DECODE_LOCAL)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
     work = load.Work(here.decode, here.missing)  # a chunk in the decode's batch until the first token
+    ctx.cached_tokens, ctx.cached_default = None, here.held  # the decode's own report, where it makes one
     try:
         res = await decode.run(state, ctx, receive, load.done_at_first_body(work, send), None, headers,
                                partial(keep.same_handle, state, ctx, h), only=here.decode)
@@ -146,10 +162,18 @@ def _trace_hop(tr: Trace, ctx: RequestContext, pre: prefill.PrefillResult, span:
     tr.span("prefill", start, end, kind=CLIENT, span_id=span, error=pre.status != 200,
             attrs={"server.address": url, "http.response.status_code": pre.status, "pdctl.kv.outcome": v.outcome,
                "pdctl.kv.reason": v.reason, "pdctl.prompt.offered_tokens": offered or 0})
-    if v.tokens:
+    if read_tokens(v):
         tr.span("kv.read d->p", start, end, parent=span,
-                attrs={"pdctl.kv.tokens": v.tokens, "pdctl.kv.direction": wire.D_TO_P,
+                attrs={"pdctl.kv.tokens": read_tokens(v), "pdctl.kv.direction": wire.D_TO_P,
                        "pdctl.timing": "the prefill hop"})
+
+
+def read_tokens(v: Verdict) -> int:
+    """The tokens the prefill read from the decode (D->P): what it reported reading, else (verified at the router,
+    or unverified) the verdict's tokens of a read; none when its own prefix cache held the history."""
+    if v.read is not None:
+        return v.read
+    return v.tokens if v.reuse.source == wire.DECODE_READ else 0
 
 
 @dataclass(frozen=True)
@@ -179,21 +203,23 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
         work.done()
         state.prefill_gate.release()
     v = pre.verdict
+    reuse = replace(v.reuse, cached=pre.cached)
     offered = offered_tokens(pre.params, state.config.block_size)
     if first:
-        state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible, v.read)
+        state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible, v.read, pre.cached)
         if v.block is not None:
             state.metrics.diverged_at(v.block * state.config.block_size)
     if pre.status == 200:
-        state.metrics.moved(v.tokens, offered)
+        state.metrics.moved(read_tokens(v), offered)
     state.metrics.prefill_seconds.observe(pre.ms / 1000)
     if tr is not None and span is not None:
         _trace_hop(tr, ctx, pre, span, in_ms if first else None, offered)
     log.info("[%s] Prefill done in %.0fms (kv %s)", ctx.rid, pre.ms, v.header)
-    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, pre.ms), v.reuse.raw(), wire.raw_ms(wire.ROUTER_IN_MS_HEADER, in_ms)]
+    headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, pre.ms), reuse.raw(), wire.raw_ms(wire.ROUTER_IN_MS_HEADER, in_ms)]
     if pre.status != 200:
         await send_bytes(send, pre.status, pre.error, headers)
         return None
+    ctx.cached_tokens, ctx.cached_default = pre.cached, v.tokens
     res = await decode.run(state, ctx, receive, send, pre.params, headers, partial(keep.new_handle, state, ctx))
     if res.sent:
         return None

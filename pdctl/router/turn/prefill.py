@@ -48,6 +48,7 @@ class PrefillResult:
     ms: float
     status: int = 200
     error: bytes = b""
+    cached: int | None = None  # its usage.prompt_tokens_details.cached_tokens, where it reported them
 
 
 def text_only(body: dict[str, Any]) -> bool:
@@ -105,8 +106,8 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
     tried: list[Upstream] = []
 
     def done(status: int = 200, error: bytes = b"", params: dict[str, Any] | None = None,
-             up: Upstream | None = None) -> PrefillResult:
-        return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error)
+             up: Upstream | None = None, cached: int | None = None) -> PrefillResult:
+        return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error, cached)
 
     for attempt in range(2):
         resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid, parent)
@@ -115,11 +116,11 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
             ctx.spent = True
         if not isinstance(resp, str) and resp.status_code == 200:
             state.prefill.succeeded(p)
-            params = _params(resp.content)
+            params, cached = _answer(resp.content)
             if params is None:
                 state.metrics.error("prefill", "no_kv_transfer_params")
             verdict = _settled(state, p, verdict, params)
-            return done(params=params, up=p)
+            return done(params=params, up=p, cached=cached)
         kind = resp if isinstance(resp, str) else f"http_{resp.status_code}"
         state.metrics.error("prefill", kind)
         if not isinstance(resp, str) and not with_handle:
@@ -155,9 +156,18 @@ def _settled(state: RouterState, p: Upstream, verdict: Verdict, params: dict[str
     return miss(wire.PREFILL_UNCHECKED)
 
 
-def _params(content: bytes) -> dict[str, Any] | None:
+def _answer(content: bytes) -> tuple[dict[str, Any] | None, int | None]:
+    """The prefill's kv_transfer_params, and its cached prompt tokens where it reports them (vLLM's
+    --enable-prompt-tokens-details: its prefix-cache hit plus what it read from the decode)."""
     try:
-        params = jsonx.loads(content).get("kv_transfer_params")
-    except (jsonx.DecodeError, AttributeError):
-        return None
-    return params if isinstance(params, dict) else None
+        obj = jsonx.loads(content)
+    except jsonx.DecodeError:
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    params = obj.get("kv_transfer_params")
+    usage = obj.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    ok = isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0
+    return (params if isinstance(params, dict) else None), (cached if ok else None)
