@@ -67,7 +67,8 @@ released)."""
 
 RETAIN_HIGH_KV = 0.90
 """router.retain_high_kv: a decode whose KV use (its own /metrics, polled by the router) is above this fraction makes
-the router release retained handles on it, least valuable first, down to RETAIN_TARGET_KV (pdctl.router.kv.retention)."""
+the router release retained handles on it, least valuable first, down to RETAIN_TARGET_KV
+(pdctl.router.kv.retention)."""
 
 RETAIN_TARGET_KV = 0.80
 """router.retain_target_kv: where releasing under pressure stops (and from where waiting requests start it)."""
