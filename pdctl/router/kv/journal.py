@@ -231,4 +231,5 @@ class Journal:
         self._file = None
 
     def stats(self) -> dict[str, object]:
-        return {"path": str(self.path) if self.path else None, "pins": len(self._live), "lines": self._lines}
+        return {"path": str(self.path) if self.path else None, "pins": len(self._live),
+                "written": len(self._written), "lines": self._lines}
