@@ -124,6 +124,13 @@ def test_a_long_run_of_new_conversations_keeps_the_router_bounded(tmp_path: Path
             assert section["release_queue"] == 0
             assert section["journal"]["pins"] == router.stats()["live_handles"] <= max_handles
             assert section["releases"]["single_turn"]["sent"] == 80
+            text = httpx.get(f"{router.url}/metrics", timeout=10).text
+            assert 'pdctl_router_kv_releases_total{reason="single_turn",result="sent"} 80.0' in text
+            assert "pdctl_router_release_queue 0.0" in text
+            blocks = section["decodes"][0]["retained_blocks"]
+            assert eventually(lambda: f'pdctl_router_retained_blocks{{index="0"}} {blocks:.1f}' in
+                              httpx.get(f"{router.url}/metrics", timeout=10).text)
+            assert 'pdctl_router_decode_kv_usage{index="0"}' in text
             assert corrupt(pd.prefill, pd.decode) == 0
         finally:
             router.stop()
