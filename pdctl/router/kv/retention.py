@@ -40,6 +40,7 @@ from pdctl.router.kv.journal import Journal, Pinned
 from pdctl.router.kv.pins import kv_capacity
 from pdctl.router.kv.release import Releaser
 from pdctl.router.upstream.pools import Pool
+from pdctl.router.wire import DecodeRetention, RetentionStats
 
 log = logging.getLogger("pdctl.router")
 
@@ -207,33 +208,19 @@ class Retention:
         if self.journal is not None:
             m.journal.set(len(self.journal))
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> RetentionStats:
         """The /stats `retention` section."""
         pinned = self.table.pinned()
         decodes = []
         for u in self.decode.members:
             kv = self.seen.get(u.url)
             tokens = pinned.get(u.url, 0)
-            decodes.append({
-                "url": u.url,
-                "kv_usage": round(kv.usage, 4) if kv is not None and kv.usage is not None else None,
-                "waiting": kv.waiting if kv is not None else None,
-                "capacity_tokens": kv.capacity if kv is not None else None,
-                "retained_blocks": -(-tokens // self.block_size),
-                "retained_tokens": tokens,
-                "handles": self.table.on(u.url),
-                "releases_queued": self.releaser.pending[u.url],
-            })
+            decodes.append(DecodeRetention(
+                u.url, round(kv.usage, 4) if kv is not None and kv.usage is not None else None,
+                kv.waiting if kv is not None else None, kv.capacity if kv is not None else None,
+                -(-tokens // self.block_size), tokens, self.table.on(u.url), self.releaser.pending[u.url]))
         releases: dict[str, dict[str, int]] = {}
         for (reason, result), n in sorted(self.releaser.metrics.results.items()):
             releases.setdefault(reason, {})[result] = n
-        return {
-            "high_kv": self.high,
-            "target_kv": self.target,
-            "handles": len(self.table),
-            "release_queue": self.releaser.queued,
-            "pressure_events": self.pressure_events,
-            "releases": releases,
-            "journal": self.journal.stats() if self.journal is not None else None,
-            "decodes": decodes,
-        }
+        return RetentionStats(self.high, self.target, len(self.table), self.releaser.queued, self.pressure_events,
+                              releases, self.journal.stats() if self.journal is not None else None, tuple(decodes))

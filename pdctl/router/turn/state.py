@@ -109,12 +109,7 @@ class RouterState:
                                        (self.prefill_gate, self.decode_gate))
 
     def stats(self) -> dict[str, object]:
-        doc = self._stats()
-        if self.config.mode == "disaggregated":
-            doc["retention"] = self.retention.stats()
-        return doc
-
-    def _stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                   self.capacities.budgets(self.decode) if self.config.release else {},
-                                  self.kv_use.snapshot((self.prefill, self.decode)), self.held())
+                                  self.kv_use.snapshot((self.prefill, self.decode)), self.held(),
+                                  self.retention.stats() if self.config.mode == "disaggregated" else None)
