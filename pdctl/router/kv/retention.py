@@ -153,6 +153,8 @@ class Retention:
     async def loop(self, client: httpx.AsyncClient, timeout: float) -> None:
         while True:
             urls = [u.url for u in self.decode.members if u.healthy]
+            for gone in self.seen.keys() - {u.url for u in self.decode.members}:
+                del self.seen[gone]
             await asyncio.gather(*(self.poll(url, client, timeout) for url in urls))
             self.gauges()
             await asyncio.sleep(POLL_S)

@@ -78,8 +78,6 @@ class Dispatcher:
         self.state.releaser.client = self.state.client
         self._tasks = [asyncio.create_task(timers.health_loop(self.state)),
                        asyncio.create_task(timers.sweep_loop(self.state))]
-        if cfg.mode == "disaggregated":
-            self._tasks += retention.start(self.state)
         if self.state.capacities.needed:
             self._tasks.append(asyncio.create_task(self.state.capacities.loop(
                 self.state.decode, self.state.client, cfg.health_interval, cfg.health_timeout)))
@@ -87,6 +85,8 @@ class Dispatcher:
             self._tasks.append(asyncio.create_task(self.state.kv_use.loop(
                 (self.state.prefill, self.state.decode), self.state.client, cfg.health_timeout)))
         self.membership.start()  # the members file, the decodes' tripwires, SIGHUP
+        if cfg.mode == "disaggregated":  # after the members file: earlier routers' pins are on its decodes
+            self._tasks += retention.start(self.state)
         if self.state.tracer is not None and cfg.otlp_endpoint:
             self.exporter = OtlpExporter(self.state.tracer, cfg.otlp_endpoint, cfg.otlp_service_name)
             self._tasks.append(asyncio.create_task(self.exporter.run()))
