@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import signal
+import time
 import uuid
 from array import array
 from pathlib import Path
@@ -132,10 +134,16 @@ def test_only_unlocked_journals_are_taken_over_and_expired_pins_are_skipped(tmp_
     entries = [{"k": ["u", "old"], "d": "u", "p": {}, "t": 0, "x": 900.0},
                {"k": ["u", "new"], "d": "u", "p": {"remote_request_id": "new"}, "t": 5, "x": 1100.0}]
     dead.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    fresh_tmp = tmp_path / SUBDIR / ".router-2-x.journal.a.tmp"
+    stale_tmp = tmp_path / SUBDIR / ".router-3-y.journal.b.tmp"
+    fresh_tmp.write_text("")  # a router making its journal right now: not yet locked, left alone
+    stale_tmp.write_text("")  # a router that died making it
+    os.utime(stale_tmp, (time.time() - 3600, time.time() - 3600))
     newcomer = Journal(str(tmp_path), ttl=100, wall=lambda: now[0])
     taken = newcomer.open()
     assert list(taken) == [("u", "new")] and taken[("u", "new")].token == 5
-    assert not dead.exists()
+    assert not dead.exists() and not stale_tmp.exists() and fresh_tmp.exists()
+    fresh_tmp.unlink()
     assert live.path is not None and live.path.exists()  # locked by a live router: left alone
     with live.path.open() as f:  # and still locked
         try:

@@ -44,6 +44,7 @@ log = logging.getLogger("pdctl.router")
 SUBDIR = "kv-journal"
 SUFFIX = ".journal"
 COMPACT_SLACK = 4096  # lines beyond twice the pins that a journal may hold before it is rewritten
+STALE_TMP_S = 60.0  # a temporary file this old is a router's that died making it (a live one locks it in µs)
 # What a release needs of a handle's params (release.release_params drops the rest).
 KEPT = ("do_remote_decode", "do_remote_prefill", "remote_block_ids", "remote_engine_id", "remote_request_id",
         "remote_host", "remote_port", "tp_size", "remote_num_tokens")
@@ -147,9 +148,11 @@ class Journal:
         taken: dict[Key, Pinned] = {}
         for path in sorted(self.dir.iterdir()):
             if path.name.endswith(".tmp"):  # a router killed while making its journal: it holds nothing yet
-                with contextlib.suppress(OSError), path.open("r", encoding="utf-8") as f:
-                    if _lock(f):
-                        path.unlink()
+                with contextlib.suppress(OSError):
+                    if time.time() - path.stat().st_mtime > STALE_TMP_S:
+                        with path.open("r", encoding="utf-8") as f:
+                            if _lock(f):
+                                path.unlink()
                 continue
             if not path.name.endswith(SUFFIX):
                 continue

@@ -160,8 +160,19 @@ class Retention:
             await asyncio.sleep(POLL_S)
 
     async def flush_loop(self) -> None:
+        failing = False
         while self.journal is not None:
-            self.journal.flush()
+            try:
+                self.journal.flush()
+            except OSError as exc:  # a full disk, a removed directory: the router goes on, unrecorded
+                if not failing:
+                    log.warning("pin journal %s: cannot write it (%s); pins are not recorded until it can",
+                                self.journal.path, exc)
+                failing = True
+            else:
+                if failing:
+                    log.info("pin journal %s: writing again", self.journal.path)
+                failing = False
             await asyncio.sleep(FLUSH_S)
 
     # --- start and stop ----------------------------------------------------------------------------------------
