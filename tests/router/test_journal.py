@@ -3,6 +3,7 @@ simulated engines, and the journal file's own rules (locks, torn lines, compacti
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -12,8 +13,13 @@ import uuid
 from array import array
 from pathlib import Path
 
+import httpx
+from prometheus_client import CollectorRegistry
+
 from pdctl.router.kv.handles import Handle
 from pdctl.router.kv.journal import SUBDIR, Journal, read_pins
+from pdctl.router.kv.release import ReleaseMetrics, Releaser
+from pdctl.router.upstream.pools import Pool
 from tests.router.conftest import corrupt
 from tests.router.faults import eventually
 from tests.router.retained import Chat, journals, released, retention, router_on, sigkill, small_pair, used_blocks
@@ -156,3 +162,27 @@ def test_only_unlocked_journals_are_taken_over_and_expired_pins_are_skipped(tmp_
     live.close()
     newcomer.close()
     assert list((tmp_path / SUBDIR).iterdir()) == []
+
+
+def test_a_release_that_failed_stays_in_the_journal_for_the_next_router(tmp_path: Path) -> None:
+    async def run() -> tuple[int, int]:
+        answers = iter([500, 200])
+        registry = CollectorRegistry()
+        releaser = Releaser(Pool("prefill", ["http://p:1"]), Pool("decode", ["http://d:1"]), "m",
+                            ReleaseMetrics(registry), 1)
+        releaser.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(next(answers))))
+        journal = Journal(str(tmp_path), ttl=480)
+        journal.open()
+        releaser.journal = journal
+        releaser.submit(_handle(1), "pressure")  # the prefill refuses it: the decode still holds the blocks
+        assert await releaser.drained(5)
+        after_failure = len(journal)
+        releaser.submit(_handle(2), "pressure")
+        assert await releaser.drained(5)
+        await releaser.client.aclose()
+        journal.close()
+        return after_failure, len(journal)
+
+    assert asyncio.run(run()) == (1, 1)  # the failed one stays, the sent one is gone
+    assert sorted(k[1] for p in journals(tmp_path) for k in
+                  read_pins((tmp_path / SUBDIR / p).read_text().splitlines())) == ["req-1"]

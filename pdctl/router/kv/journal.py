@@ -43,6 +43,7 @@ log = logging.getLogger("pdctl.router")
 
 SUBDIR = "kv-journal"
 SUFFIX = ".journal"
+PRUNE_S = 10.0  # how often pins past their decode's TTL (failed releases) leave the journal
 COMPACT_SLACK = 4096  # lines beyond twice the pins that a journal may hold before it is rewritten
 STALE_TMP_S = 60.0  # a temporary file this old is a router's that died making it (a live one locks it in µs)
 # What a release needs of a handle's params (release.release_params drops the rest).
@@ -113,6 +114,7 @@ class Journal:
         self._written: dict[Key, float] = {}  # pins the file holds -> their expiry
         self._dirty: set[Key] = set()
         self._lines = 0
+        self._pruned = wall()
 
     def __len__(self) -> int:
         return len(self._live)
@@ -182,6 +184,12 @@ class Journal:
         """Append what changed since the last flush; rewrite the file when it has grown well past its pins."""
         if self._file is None:
             return
+        now = self.wall()
+        if now - self._pruned > PRUNE_S:  # a failed release's pin stays until the decode has freed it by itself
+            self._pruned = now
+            for key in [k for k, (_, x) in self._live.items() if x <= now]:
+                del self._live[key]
+                self._dirty.add(key)
         if self._dirty:
             out = []
             for key in self._dirty:

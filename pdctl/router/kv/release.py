@@ -105,7 +105,7 @@ class Releaser:
         self.metrics = metrics
         self.enabled = enabled
         self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[bool]] = set()
         self.pending: Tally[str] = Tally()  # decode URL -> its releases not yet done (a drain waits for 0)
         self.pending_tokens: Tally[str] = Tally()  # decode URL -> the tokens those releases will free (whole blocks)
         self.block_size = block_size
@@ -139,7 +139,7 @@ class Releaser:
             self.journal.pin(h)
         task.add_done_callback(lambda t: self._done(t, h, tokens))
 
-    def _done(self, task: asyncio.Task[None], h: Handle, tokens: int) -> None:
+    def _done(self, task: asyncio.Task[bool], h: Handle, tokens: int) -> None:
         url = h.decode_url
         self._tasks.discard(task)
         self.pending[url] -= 1
@@ -148,7 +148,10 @@ class Releaser:
         self.pending_tokens[url] -= tokens
         if self.pending_tokens[url] <= 0:
             del self.pending_tokens[url]
-        if self.journal is not None and not task.cancelled():  # cancelled (shutdown): left for the next router
+        # A release cancelled (the router stopped) or failed (no prefill took it) stays in the journal: the next
+        # router tries it again, unless the decode's TTL has freed the blocks by then.
+        done = not task.cancelled() and task.exception() is None and task.result()
+        if self.journal is not None and done:
             self.journal.unpin(h)
         if not self._tasks:
             self._idle.set()
@@ -163,16 +166,17 @@ class Releaser:
             return not self._tasks
         return True
 
-    async def _send(self, h: Handle, reason: str) -> None:
+    async def _send(self, h: Handle, reason: str) -> bool:
+        """Whether the release is done with (sent, or nothing left to release); False: it failed."""
         async with self._slots:
             d = self.decode.by_url(h.decode_url)
             if d is None or not d.healthy or d.generation != h.generation:
                 self.metrics.count(reason, "skipped")
-                return
+                return True
             ups = self.prefill.healthy()
             if not ups:
                 self._failed(h, reason, "no healthy prefill")
-                return
+                return False
             p = min(ups, key=lambda u: u.outstanding)
             assert self.client is not None
             try:
@@ -181,11 +185,12 @@ class Releaser:
                     headers={"content-type": "application/json", "x-request-id": f"release-{uuid.uuid4().hex}"})
             except httpx.HTTPError as e:
                 self._failed(h, reason, f"{p.url}: {type(e).__name__}")
-                return
+                return False
             if resp.status_code != 200:
                 self._failed(h, reason, f"{p.url} answered {resp.status_code}")
-                return
+                return False
             self.metrics.count(reason, "sent")
+            return True
 
     def _failed(self, h: Handle, reason: str, why: str) -> None:
         self.metrics.count(reason, "failed")
