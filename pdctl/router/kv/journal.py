@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import time
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from pdctl.router import jsonx
 from pdctl.router.kv.handles import Handle
 
 log = logging.getLogger("pdctl.router")
@@ -77,7 +77,7 @@ def _entry(h: Handle, expires: float) -> dict[str, Any]:
             "t": token, "x": round(expires, 3)}
 
 
-def _lock(f: IO[str]) -> bool:
+def _lock(f: IO[bytes]) -> bool:
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -85,18 +85,18 @@ def _lock(f: IO[str]) -> bool:
     return True
 
 
-def read_pins(lines: Iterator[str] | list[str]) -> dict[Key, Pinned]:
+def read_pins(lines: Iterator[str | bytes] | list[str] | list[bytes]) -> dict[Key, Pinned]:
     """The pins a journal's lines leave standing (a torn last line, from a kill mid-write, is skipped)."""
     out: dict[Key, Pinned] = {}
     for line in lines:
         try:
-            doc = json.loads(line)
+            doc = jsonx.loads(line)
             key = (str(doc["k"][0]), str(doc["k"][1]))
             if doc.get("-"):
                 out.pop(key, None)
             else:
                 out[key] = Pinned(str(doc["d"]), dict(doc["p"]), int(doc["t"]), float(doc["x"]))
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ValueError, KeyError, TypeError, IndexError, jsonx.DecodeError):
             continue
     return out
 
@@ -109,7 +109,7 @@ class Journal:
         self.ttl = ttl  # the decodes' decoder_kv_blocks_ttl: a pin older than that is gone by itself
         self.wall = wall
         self.path: Path | None = None
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
         self._live: dict[Key, tuple[Handle, float]] = {}
         self._written: dict[Key, float] = {}  # pins the file holds -> their expiry
         self._dirty: set[Key] = set()
@@ -137,10 +137,10 @@ class Journal:
         self._file, self.path = self._new_file(f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}{SUFFIX}")
         return taken
 
-    def _new_file(self, name: str) -> tuple[IO[str], Path]:
+    def _new_file(self, name: str) -> tuple[IO[bytes], Path]:
         """A locked, empty journal at `name`: made under a temporary name, so nobody takes it before it is locked."""
         tmp = self.dir / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
-        f = tmp.open("w", encoding="utf-8")
+        f = tmp.open("wb")
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         path = self.dir / name
         os.replace(tmp, path)
@@ -152,14 +152,14 @@ class Journal:
             if path.name.endswith(".tmp"):  # a router killed while making its journal: it holds nothing yet
                 with contextlib.suppress(OSError):
                     if time.time() - path.stat().st_mtime > STALE_TMP_S:
-                        with path.open("r", encoding="utf-8") as f:
+                        with path.open("rb") as f:
                             if _lock(f):
                                 path.unlink()
                 continue
             if not path.name.endswith(SUFFIX):
                 continue
             try:
-                f = path.open("r", encoding="utf-8")
+                f = path.open("rb")
             except OSError:
                 continue
             with f:
@@ -195,14 +195,14 @@ class Journal:
             for key in self._dirty:
                 live = self._live.get(key)
                 if live is not None and key not in self._written:
-                    out.append(json.dumps(_entry(live[0], live[1]), separators=(",", ":")))
+                    out.append(jsonx.dumps(_entry(live[0], live[1])))
                     self._written[key] = live[1]
                 elif live is None and key in self._written:
-                    out.append(json.dumps({"k": list(key), "-": 1}, separators=(",", ":")))
+                    out.append(jsonx.dumps({"k": list(key), "-": 1}))
                     del self._written[key]
             self._dirty.clear()
             if out:
-                self._file.write("\n".join(out) + "\n")
+                self._file.write(b"\n".join(out) + b"\n")
                 self._file.flush()
                 self._lines += len(out)
         if self._lines > 2 * len(self._written) + COMPACT_SLACK:
@@ -219,11 +219,11 @@ class Journal:
         self._written = {}
         lines = []
         for key, (h, expires) in self._live.items():
-            lines.append(json.dumps(_entry(h, expires), separators=(",", ":")))
+            lines.append(jsonx.dumps(_entry(h, expires)))
             self._written[key] = expires
         self._dirty.clear()
         if lines:
-            f.write("\n".join(lines) + "\n")
+            f.write(b"\n".join(lines) + b"\n")
             f.flush()
         old, self._file, self.path, self._lines = self._file, f, path, len(lines)
         old.close()
