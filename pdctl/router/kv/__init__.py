@@ -1,6 +1,6 @@
 """What the router holds of the engines' KV between turns: conversation identity, decode handles and their leases,
-pins, their release and their journal, KV use and capacity per engine, aggregated mode's affinity, kept responses. May import
-upstream and the base modules only.
+pins, their release and their journal, KV use and capacity per engine, aggregated mode's affinity, kept responses.
+May import upstream and the base modules only.
 
     conversation    which conversation a request continues (explicit id, or derived from its history)
     handles         the table of decode handles: TTL by the router's clock, LRU bound, single use, leases
