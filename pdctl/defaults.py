@@ -65,6 +65,14 @@ runs, each of which holds its whole context there while it generates; a decode w
 also has an idle pin splits its KV about evenly between the two. 0: no budget (handles dropped unread are still
 released)."""
 
+RETAIN_HIGH_KV = 0.90
+"""router.retain_high_kv: a decode whose KV use (its own /metrics, polled by the router) is above this fraction makes
+the router release retained handles on it, least valuable first, down to RETAIN_TARGET_KV
+(pdctl.router.kv.retention)."""
+
+RETAIN_TARGET_KV = 0.80
+"""router.retain_target_kv: where releasing under pressure stops (and from where waiting requests start it)."""
+
 OVERFLOW_KV = 0.0
 """router.overflow_kv: the decode KV use above which a turn runs whole on a prefill with KV to spare (0: off).
 Off by default: on the simulated 1P1D (docs/results/sim-capacity, run F, a quiet host) it held no more sessions

@@ -20,6 +20,8 @@ from pdctl.defaults import (
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
+    RETAIN_HIGH_KV,
+    RETAIN_TARGET_KV,
     VERIFY_AT,
     VERIFY_PREFIX,
 )
@@ -343,7 +345,11 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
         argv += ["--pin-budget-fraction", f"{r.pin_budget_fraction:g}"]
     if (r.overflow_kv or 0.0) != OVERFLOW_KV:
         argv += ["--overflow-kv", f"{r.overflow_kv or 0.0:g}"]
+    if r.release and (r.retain_high_kv, r.retain_target_kv) != (RETAIN_HIGH_KV, RETAIN_TARGET_KV):
+        argv += ["--retain-high-kv", f"{r.retain_high_kv:g}", "--retain-target-kv", f"{r.retain_target_kv:g}"]
     argv += ["--members-file", members_path(topo, at.node)]
+    if r.release:  # the routers' pin journals (pdctl.router.kv.journal): a restarted one releases what they left
+        argv += ["--state-dir", run_dir(topo, at.node)]
     return _router_spec(topo, argv + _tracing(topo) + _client_side(topo, at), at)
 
 

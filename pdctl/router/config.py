@@ -15,6 +15,8 @@ from pdctl.defaults import (
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
+    RETAIN_HIGH_KV,
+    RETAIN_TARGET_KV,
     VERIFY_AT,
     VERIFY_PREFIX,
     VLLM_BLOCK_SIZE,
@@ -131,6 +133,27 @@ class RouterConfig:
         "KV use below it (a plain completion, no KV transfer), and its conversation's later turns stay there while "
         "that prefill is below it. 0: off.",
     )
+    retain_high_kv: float = knob(
+        RETAIN_HIGH_KV,
+        "Retained KV yields to new work: a decode whose own KV use (its /metrics vllm:kv_cache_usage_perc, polled a "
+        "few times a second) is above this fraction makes the router release its retained handles there, least "
+        "valuable first (conversations that never took a second turn, then the oldest, then the shortest), down to "
+        "--retain-target-kv; so do requests waiting on a decode above --retain-target-kv. 0: off.",
+    )
+    retain_target_kv: float = knob(
+        RETAIN_TARGET_KV, "Where releasing under KV pressure stops (a fraction of the decode's KV, below "
+        "--retain-high-kv).",
+    )
+    state_dir: str | None = knob(
+        None,
+        "The deployment's state directory on this node: each router keeps a journal of the decode KV it pins in "
+        "kv-journal/ there, and at start releases what earlier routers of the deployment pinned and no longer hold "
+        "(a crashed or restarted one's; a live sibling's journal is locked and left alone). Unset: no journal.",
+    )
+    shutdown_release_timeout: float = knob(
+        5.0, "On SIGTERM the router releases every pin it holds, waiting at most this many seconds; what is left "
+        "stays in its journal for the next router to release. 0: leave them to the next router.",
+    )
     release_concurrency: int = knob(4, "Releases in flight at once (they run in the background, off every turn).")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
@@ -206,6 +229,13 @@ class RouterConfig:
             problems.append(f"--pin-budget-fraction must be between 0 and 1, got {self.pin_budget_fraction:g}")
         if not 0 <= self.overflow_kv <= 1:
             problems.append(f"--overflow-kv must be between 0 and 1, got {self.overflow_kv:g}")
+        if not 0 <= self.retain_high_kv <= 1:
+            problems.append(f"--retain-high-kv must be between 0 and 1, got {self.retain_high_kv:g}")
+        elif self.retain_high_kv and not 0 < self.retain_target_kv < self.retain_high_kv:
+            problems.append(f"--retain-target-kv must be above 0 and below --retain-high-kv "
+                            f"({self.retain_high_kv:g}), got {self.retain_target_kv:g}")
+        if self.shutdown_release_timeout < 0:
+            problems.append(f"--shutdown-release-timeout must be >= 0, got {self.shutdown_release_timeout:g}")
         if self.release_concurrency < 1:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if self.local_busy_streams < 1:

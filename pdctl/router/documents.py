@@ -25,6 +25,64 @@ class UpstreamStats:
 
 
 @dataclass(frozen=True)
+class DecodeRetention:
+    """One decode as the router's retention sees it (pdctl.router.kv.retention)."""
+
+    url: str
+    kv_usage: float | None = None  # its own KV use at the router's last poll (None: not known)
+    waiting: int | None = None  # requests waiting on it at that poll
+    capacity_tokens: int | None = None
+    retained_blocks: int = 0  # what this router's live handles pin there
+    retained_tokens: int = 0
+    handles: int = 0
+    releases_queued: int = 0
+
+
+@dataclass(frozen=True)
+class RetentionStats:
+    """The `retention` section of /stats (disaggregated mode): retained KV against each decode's own use."""
+
+    high_kv: float
+    target_kv: float
+    handles: int = 0
+    release_queue: int = 0  # releases submitted and not yet done
+    pressure_events: int = 0  # polls that found a decode under pressure and released something
+    releases: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # reason -> result -> releases
+    journal: Mapping[str, object] | None = None  # path, pins, written, lines (None: no --state-dir)
+    decodes: tuple[DecodeRetention, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"high_kv": self.high_kv, "target_kv": self.target_kv, "handles": self.handles,
+                "release_queue": self.release_queue, "pressure_events": self.pressure_events,
+                "releases": {k: dict(v) for k, v in self.releases.items()},
+                "journal": dict(self.journal) if self.journal is not None else None,
+                "decodes": [{"url": d.url, "kv_usage": d.kv_usage, "waiting": d.waiting,
+                             "capacity_tokens": d.capacity_tokens, "retained_blocks": d.retained_blocks,
+                             "retained_tokens": d.retained_tokens, "handles": d.handles,
+                             "releases_queued": d.releases_queued} for d in self.decodes]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RetentionStats:
+        d = _object(doc, "`retention`")
+        by_reason = _object(d.get("releases") or {}, "`retention.releases`")
+        releases = {reason: _counts(by_reason, reason) for reason in by_reason}
+        journal = d.get("journal")
+        decodes = []
+        for i, item in enumerate(_list(d, "decodes")):
+            u = _object(item, f"`retention.decodes[{i}]`")
+            usage, waiting, capacity = u.get("kv_usage"), u.get("waiting"), u.get("capacity_tokens")
+            decodes.append(DecodeRetention(
+                _str(u, "url"), _float(u, "kv_usage") if usage is not None else None,
+                _int(u, "waiting") if waiting is not None else None,
+                _int(u, "capacity_tokens") if capacity is not None else None,
+                _int(u, "retained_blocks"), _int(u, "retained_tokens"), _int(u, "handles"),
+                _int(u, "releases_queued")))
+        return cls(_float(d, "high_kv"), _float(d, "target_kv"), _int(d, "handles"), _int(d, "release_queue"),
+                   _int(d, "pressure_events"), releases,
+                   dict(_object(journal, "`retention.journal`")) if journal is not None else None, tuple(decodes))
+
+
+@dataclass(frozen=True)
 class RouterStats:
     """The router's `GET /stats` document. `from_json(x.to_json()) == x`."""
 
@@ -52,6 +110,7 @@ class RouterStats:
     decode: tuple[UpstreamStats, ...] = ()
     uptime_s: float = 0.0
     version: str = ""
+    retention: RetentionStats | None = None  # disaggregated mode only
 
     @property
     def hit(self) -> int:
@@ -90,6 +149,7 @@ class RouterStats:
             "decode": [_upstream_json(u) for u in self.decode],
             "uptime_s": self.uptime_s,
             "version": self.version,
+            **({"retention": self.retention.to_json()} if self.retention is not None else {}),
         }
 
     @classmethod
@@ -121,6 +181,7 @@ class RouterStats:
             decode=_upstreams(d, "decode"),
             uptime_s=_float(d, "uptime_s"),
             version=_str(d, "version"),
+            retention=RetentionStats.from_json(d["retention"]) if d.get("retention") is not None else None,
         )
 
 
@@ -192,6 +253,13 @@ def _fractions(d: Mapping[str, object], key: str) -> dict[str, float]:
             raise _bad(f"`{key}.{k}`", "a number", n)
         out[k] = float(n)
     return out
+
+
+def _list(d: Mapping[str, object], key: str) -> list[object]:
+    v = d.get(key, [])
+    if not isinstance(v, list):
+        raise _bad(f"`{key}`", "a list", v)
+    return v
 
 
 def _upstreams(d: Mapping[str, object], key: str) -> tuple[UpstreamStats, ...]:

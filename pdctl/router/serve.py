@@ -68,6 +68,7 @@ def router_app(call: Boundary = reported, run: Serve | None = None) -> typer.Typ
         call(lambda: check_log_level(log_level))
         config = call(lambda: config_from(knobs, api_key=api_key_from_env(api_key_env),
                                           engine_key=engine_key_from_file(engine_key_file)))
+        call(lambda: check_state_dir(config.state_dir))
         (run or serve)(config, host, port, log_level.lower())
 
     return app
@@ -100,6 +101,24 @@ def engine_key_from_file(path: str | None) -> str | None:
     if not key:
         raise UsageError(f"--engine-key-file {path} is empty", hint="rerun `pdctl up --restart` to write a new key")
     return key
+
+
+def check_state_dir(path: str | None) -> None:
+    """The pin journal's directory exists or can be made, and this user can write it."""
+    if not path:
+        return
+    from pdctl.router.kv.journal import SUBDIR
+
+    where = Path(path).expanduser() / SUBDIR
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        ok = os.access(where, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise UsageError(f"--state-dir {path}: cannot make {where} ({exc.strerror})",
+                         hint="give a directory this user can write, or leave --state-dir out") from None
+    if not ok:
+        raise UsageError(f"--state-dir {path}: {where} is not writable by this user",
+                         hint="give a directory this user can write, or leave --state-dir out")
 
 
 def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -> None:

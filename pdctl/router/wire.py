@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdctl.router.documents import Members, RouterStats, UpstreamStats
+from pdctl.router.documents import DecodeRetention, Members, RetentionStats, RouterStats, UpstreamStats
 from pdctl.router.reasons import (
     D_TO_P,
     DECODE_CACHE,
@@ -209,9 +209,11 @@ __all__ = [
     "UNVERIFIED",
     "VERIFIED",
     "WHOLE_PREFILL",
+    "DecodeRetention",
     "Members",
     "Outcome",
     "ReadOutcome",
+    "RetentionStats",
     "Reuse",
     "RouterStats",
     "UpstreamStats",

@@ -15,6 +15,8 @@ from pdctl.defaults import (
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
     PIN_BUDGET_TOKENS,
+    RETAIN_HIGH_KV,
+    RETAIN_TARGET_KV,
     ROUTER_PORT,
     VERIFY_AT,
     VERIFY_PREFIX,
@@ -96,6 +98,23 @@ class Router(Strict):
         "fraction runs whole on the prefill with the least KV use below it (a plain completion, no KV transfer), "
         "and its conversation's later turns stay on that prefill while it is below it. 0 or null: off.",
     )
+    retain_high_kv: float = Field(
+        RETAIN_HIGH_KV,
+        ge=0,
+        le=1,
+        description="Retained KV yields to new work (disaggregated mode): when a decode's own KV use (its "
+        "vllm:kv_cache_usage_perc, which the router polls a few times a second) is above this fraction, the router "
+        "releases the KV it keeps there for next turns, least valuable first (conversations that never took a "
+        "second turn, then the oldest, then the shortest), down to retain_target_kv; so do requests waiting on a "
+        "decode above retain_target_kv. A released conversation's next turn recomputes its history (a miss, "
+        "reason released). 0: off (docs/kv-retention.md).",
+    )
+    retain_target_kv: float = Field(
+        RETAIN_TARGET_KV,
+        gt=0,
+        lt=1,
+        description="Where releasing under KV pressure stops: a fraction of the decode's KV, below retain_high_kv.",
+    )
 
     replicas: int = Field(
         1, ge=1, le=64,
@@ -150,6 +169,13 @@ class Router(Strict):
         if isinstance(data, dict) and data.get("verify_prefix") is False and "local_prefill_tokens" not in data:
             return {**data, "local_prefill_tokens": 0}
         return data
+
+    @model_validator(mode="after")
+    def _retain_target_below_high(self) -> Router:
+        if self.retain_high_kv and self.retain_target_kv >= self.retain_high_kv:
+            raise ValueError(f"retain_target_kv ({self.retain_target_kv:g}) must be below retain_high_kv "
+                             f"({self.retain_high_kv:g}): releasing under pressure stops at the target")
+        return self
 
     @model_validator(mode="after")
     def _local_needs_ids(self) -> Router:

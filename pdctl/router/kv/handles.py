@@ -16,6 +16,10 @@ hears of it with the reason, and the router releases them (release.py). The tabl
 decode's pinned tokens (pins.py); a handle that takes its decode over its `budget` (by decode URL) drops
 that decode's least recently used handles (reason `pressure`, next turn's miss `released`). A handle whose decode
 restarted is dropped without a word: its blocks went with the process.
+
+Under KV pressure on a decode (retention.py) `shed` releases its least valuable handles: a conversation that never
+took a second turn (`Handle.continued` false) first, then the oldest, then the shortest. A `journal` (journal.py)
+hears of every handle that enters or leaves the table, so a router that dies leaves a record of its pins.
 """
 
 from __future__ import annotations
@@ -34,10 +38,22 @@ from pdctl.router.wire import HANDLE_IN_USE as IN_USE
 
 Stale = Callable[["Handle"], bool]
 Dropped = Callable[["Handle", str], None]
+
+
+class Pins(Protocol):
+    """What the table tells the pin journal (journal.py): a handle's blocks are pinned by it, or no longer."""
+
+    def pin(self, h: Handle) -> None: ...
+
+    def unpin(self, h: Handle) -> None: ...
+
 # Why a handle was dropped unread (the `reason` label of the router's release counters).
 REPLACED = "replaced"
 PRESSURE = "pressure"
 UNREAD = "unread"
+SINGLE_TURN = "single_turn"  # a turn the router can tell ends its conversation: its KV is released at once
+RECLAIMED = "reclaimed_at_start"  # an earlier router's pin, released by the router that started after it
+SHUTDOWN = "shutdown"  # released by a router that stops on purpose
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,9 @@ class Handle:
     spec: dict[str, Any] | None = field(default=None, compare=False)
     # What the decode last ran for the conversation, as the next request must extend it (turn/history.py).
     history: History | None = field(default=None, compare=False)
+    # The conversation took more than one turn (a handle, a lease or a miss reason came before this one): under
+    # KV pressure a conversation that never continued is released first.
+    continued: bool = field(default=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -105,6 +124,7 @@ class HandleTable:
     def __init__(
         self, max_size: int, clock: Callable[[], float] = time.monotonic, index: KeyIndex | None = None,
         on_drop: Dropped | None = None, budget: Callable[[str], int] | None = None, block_size: int = 1,
+        journal: Pins | None = None,
     ) -> None:
         self.max_size = max_size
         self.clock = clock
@@ -112,6 +132,7 @@ class HandleTable:
         self.on_drop = on_drop
         self.budget = budget
         self.block_size = block_size
+        self.journal = journal
         self._live: OrderedDict[str, Handle] = OrderedDict()
         self._tombs: OrderedDict[str, str] = OrderedDict()
         # A tombstoned conversation's derived key, so that its next turn finds it (and its miss reason) without an
@@ -131,6 +152,8 @@ class HandleTable:
         """Store a conversation's newest handle; an older one is replaced (its blocks expire on the decode)."""
         cid = handle.conversation
         old = self._live.pop(cid, None)
+        if old is not None or cid in self._tombs or cid in self._leased:
+            handle.continued = True
         if old is not None:
             self._dropped(old)
             if old.request_id != handle.request_id:
@@ -139,6 +162,8 @@ class HandleTable:
         self._forget_key(cid)
         self._live[cid] = handle
         self._count(handle, +1)
+        if self.journal is not None:
+            self.journal.pin(handle)
         if self.index is not None and handle.derived_key is not None:
             self.index.add(handle.derived_key, cid)
         while len(self._live) > self.max_size:
@@ -163,6 +188,28 @@ class HandleTable:
             self._dropped(h)
             self.mark(h.conversation, RELEASED)
             self._unread(h, PRESSURE)
+
+    def shed(self, url: str, tokens: int, reason: str = PRESSURE, most: int = 0) -> int:
+        """Release handles on the decode at `url`, least valuable first (never continued, then oldest, then
+        shortest), until they free about `tokens` (or `most` handles, when > 0); return how many went. Their next
+        turns miss (`released`)."""
+        order = sorted((h for h in self._live.values() if h.decode_url == url),
+                       key=lambda h: (h.continued, h.received, h.num_tokens))
+        freed = gone = 0
+        for h in order:
+            if (most and gone >= most) or (not most and freed >= tokens):
+                break
+            freed += self._freed_by(h)
+            del self._live[h.conversation]
+            self._dropped(h)
+            self.mark(h.conversation, RELEASED)
+            self._unread(h, reason)
+            gone += 1
+        return gone
+
+    def drop_all(self, reason: str) -> int:
+        """Release every live handle (the router stops): their next turns, at another router, miss."""
+        return sum(self.drop(cid, reason, RELEASED) for cid in list(self._live))
 
     def pinned(self) -> dict[str, int]:
         """Tokens the live handles pin, per decode URL (whole blocks; a prefix chunk shared by several handles
@@ -299,5 +346,7 @@ class HandleTable:
     def _dropped(self, handle: Handle) -> None:
         """`handle` left the table (taken or dropped): its blocks no longer count as pinned by a live handle."""
         self._count(handle, -1)
+        if self.journal is not None:
+            self.journal.unpin(handle)
         if self.index is not None and handle.derived_key is not None:
             self.index.discard(handle.derived_key, handle.conversation)

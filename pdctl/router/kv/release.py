@@ -29,7 +29,8 @@ through the fixture's real scheduler code, stock and patched.
 
 Releases run as background tasks, `release_concurrency` at a time, never on a turn's path; each goes to the least
 loaded healthy prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
-notify). A failed release logs a warning and counts; the handle is gone either way.
+notify). A failed release logs a warning and counts; the handle is gone either way. A release stays in the pin
+journal (journal.py) until it is done, so a router that dies with releases queued leaves them to the next one.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from pdctl import prefix_check
 from pdctl.router import jsonx
-from pdctl.router.kv.handles import Handle
+from pdctl.router.kv.handles import Handle, Pins
+from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.upstream.pools import Pool
 
 log = logging.getLogger("pdctl.router")
@@ -82,9 +84,11 @@ class ReleaseMetrics:
                                ["reason", "result"], registry=registry)
         self.sent: Tally[str] = Tally()
         self.failed = 0
+        self.results: Tally[tuple[str, str]] = Tally()  # (reason, result) -> releases
 
     def count(self, reason: str, result: str) -> None:
         self.counter.labels(reason, result).inc()
+        self.results[(reason, result)] += 1
         if result == "sent":
             self.sent[reason] += 1
         elif result == "failed":
@@ -95,14 +99,23 @@ class Releaser:
     """Sends releases in the background; `submit` is the handle table's `on_drop`."""
 
     def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, block_size: int = 1) -> None:
         self.prefill, self.decode, self.model = prefill, decode, model
         self.client: httpx.AsyncClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
         self.enabled = enabled
         self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[bool]] = set()
         self.pending: Tally[str] = Tally()  # decode URL -> its releases not yet done (a drain waits for 0)
+        self.pending_tokens: Tally[str] = Tally()  # decode URL -> the tokens those releases will free (whole blocks)
+        self.block_size = block_size
+        self.journal: Pins | None = None  # the pin journal (journal.py), set where the router keeps one
+        self._idle = asyncio.Event()
+
+    @property
+    def queued(self) -> int:
+        """Releases submitted and not yet done (bounded by MAX_PENDING)."""
+        return len(self._tasks)
 
     def submit(self, h: Handle, reason: str) -> None:
         if not self.enabled or self.client is None:
@@ -118,25 +131,52 @@ class Releaser:
             return
         task = loop.create_task(self._send(h, reason))
         self._tasks.add(task)
+        self._idle.clear()
+        tokens = pinned_tokens(h.num_tokens, self.block_size)
         self.pending[h.decode_url] += 1
-        task.add_done_callback(lambda t: self._done(t, h.decode_url))
+        self.pending_tokens[h.decode_url] += tokens
+        if self.journal is not None:
+            self.journal.pin(h)
+        task.add_done_callback(lambda t: self._done(t, h, tokens))
 
-    def _done(self, task: asyncio.Task[None], url: str) -> None:
+    def _done(self, task: asyncio.Task[bool], h: Handle, tokens: int) -> None:
+        url = h.decode_url
         self._tasks.discard(task)
         self.pending[url] -= 1
         if self.pending[url] <= 0:
             del self.pending[url]
+        self.pending_tokens[url] -= tokens
+        if self.pending_tokens[url] <= 0:
+            del self.pending_tokens[url]
+        # A release cancelled (the router stopped) or failed (no prefill took it) stays in the journal: the next
+        # router tries it again, unless the decode's TTL has freed the blocks by then.
+        done = not task.cancelled() and task.exception() is None and task.result()
+        if self.journal is not None and done:
+            self.journal.unpin(h)
+        if not self._tasks:
+            self._idle.set()
 
-    async def _send(self, h: Handle, reason: str) -> None:
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no release is left (at most `timeout` seconds); whether none is."""
+        if not self._tasks:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return not self._tasks
+        return True
+
+    async def _send(self, h: Handle, reason: str) -> bool:
+        """Whether the release is done with (sent, or nothing left to release); False: it failed."""
         async with self._slots:
             d = self.decode.by_url(h.decode_url)
             if d is None or not d.healthy or d.generation != h.generation:
                 self.metrics.count(reason, "skipped")
-                return
+                return True
             ups = self.prefill.healthy()
             if not ups:
                 self._failed(h, reason, "no healthy prefill")
-                return
+                return False
             p = min(ups, key=lambda u: u.outstanding)
             assert self.client is not None
             try:
@@ -145,11 +185,12 @@ class Releaser:
                     headers={"content-type": "application/json", "x-request-id": f"release-{uuid.uuid4().hex}"})
             except httpx.HTTPError as e:
                 self._failed(h, reason, f"{p.url}: {type(e).__name__}")
-                return
+                return False
             if resp.status_code != 200:
                 self._failed(h, reason, f"{p.url} answered {resp.status_code}")
-                return
+                return False
             self.metrics.count(reason, "sent")
+            return True
 
     def _failed(self, h: Handle, reason: str, why: str) -> None:
         self.metrics.count(reason, "failed")

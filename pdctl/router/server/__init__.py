@@ -11,5 +11,6 @@ upstream) and the base modules (wire, config, errors, jsonx).
     endpoints   the router's own /health, /stats, /metrics and /v1/models
     passthrough stateless engine routes (tokenize, embeddings, ...) and /v1/models/{model}
     timers      health checks that eject and re-admit upstreams, the handle sweep
+    retention   the pin journal opened and earlier routers' pins released at start; the decodes' KV polled
     options     RouterConfig's fields as `router serve` options
 """

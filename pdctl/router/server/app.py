@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_error
-from pdctl.router.server import timers
+from pdctl.router.server import retention, timers
 from pdctl.router.server.anthropic_errors import AnthropicErrors
 from pdctl.router.server.conversation_headers import ConversationHeaders
 from pdctl.router.server.membership import Membership
@@ -85,6 +85,8 @@ class Dispatcher:
             self._tasks.append(asyncio.create_task(self.state.kv_use.loop(
                 (self.state.prefill, self.state.decode), self.state.client, cfg.health_timeout)))
         self.membership.start()  # the members file, the decodes' tripwires, SIGHUP
+        if cfg.mode == "disaggregated":  # after the members file: earlier routers' pins are on its decodes
+            self._tasks += retention.start(self.state)
         if self.state.tracer is not None and cfg.otlp_endpoint:
             self.exporter = OtlpExporter(self.state.tracer, cfg.otlp_endpoint, cfg.otlp_service_name)
             self._tasks.append(asyncio.create_task(self.exporter.run()))
@@ -96,6 +98,8 @@ class Dispatcher:
                      len(self.state.decode.members))
 
     async def shutdown(self) -> None:
+        if self.state.config.mode == "disaggregated":
+            await self.state.retention.shutdown(self.state.config.shutdown_release_timeout)
         self._tasks += self.membership.tasks()
         for t in self._tasks:
             t.cancel()
@@ -103,6 +107,8 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await self.state.releaser.close()
+        if self.state.retention.journal is not None:
+            self.state.retention.journal.close()
         if self.exporter is not None:
             await self.exporter.close()
         if self.state.client is not None:

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from pdctl import prefix_check
 from pdctl.router import wire
-from pdctl.router.kv.handles import UNREAD, Handle
+from pdctl.router.kv.handles import SINGLE_TURN, UNREAD, Handle
+from pdctl.router.kv.retention import single_turn
 from pdctl.router.turn.capture import Capture
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.history import history
@@ -26,6 +27,14 @@ def new_handle(state: RouterState, ctx: RequestContext, capture: Capture, d: Ups
     """A disaggregated turn's decode answer is whole: store the decode's new handle."""
     ctx.release(state.handles)
     cid = ctx.conversation
+    if capture.params is not None and (cid is None or single_turn(ctx.headers)):
+        # Nothing continues it (no conversation), or the client says nothing will: the decode keeps nothing.
+        now = state.handles.clock()
+        state.releaser.submit(Handle(cid or "", capture.params, d.url, None, now, now, generation=d.generation),
+                              SINGLE_TURN)
+        if cid is not None:
+            state.handles.mark(cid, wire.RELEASED)
+        return
     if cid is None:
         return
     derivation = ctx.derivation

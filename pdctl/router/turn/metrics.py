@@ -13,7 +13,16 @@ from pdctl import __version__
 from pdctl.router.kv.release import ReleaseMetrics
 from pdctl.router.upstream.admission import Gate
 from pdctl.router.upstream.pools import Pool
-from pdctl.router.wire import D_TO_P, KV_SOURCES, P_TO_D, WHOLE_PREFILL, RouterStats, UpstreamStats, kv_source
+from pdctl.router.wire import (
+    D_TO_P,
+    KV_SOURCES,
+    P_TO_D,
+    WHOLE_PREFILL,
+    RetentionStats,
+    RouterStats,
+    UpstreamStats,
+    kv_source,
+)
 
 _MS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKEN_BUCKETS = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
@@ -151,7 +160,7 @@ class RouterMetrics:
 
     def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
               budgets: dict[str, int] | None = None, kv_use: dict[str, float] | None = None,
-              held: dict[str, int] | None = None) -> dict[str, object]:
+              held: dict[str, int] | None = None, retention: RetentionStats | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         self._forget(time.monotonic())
@@ -180,6 +189,7 @@ class RouterMetrics:
             decode=_upstreams(decode, held or {}),
             uptime_s=round(time.monotonic() - self.started, 3),
             version=__version__,
+            retention=retention,
         ).to_json()
 
     def exposition(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,

@@ -12,8 +12,10 @@ from pdctl.router.kv.affinity import AffinityTable, EngineChoice
 from pdctl.router.kv.capacity import Capacities
 from pdctl.router.kv.conversation import DerivedIndex
 from pdctl.router.kv.handles import Handle, HandleTable
+from pdctl.router.kv.journal import Journal
 from pdctl.router.kv.release import Releaser
 from pdctl.router.kv.response_store import ResponseStore
+from pdctl.router.kv.retention import Retention
 from pdctl.router.kv.usage import KvUse
 from pdctl.router.turn.metrics import RouterMetrics
 from pdctl.router.turn.trace import Tracer
@@ -40,6 +42,7 @@ class RouterState:
     engine_choice: EngineChoice
     kv_use: KvUse  # each engine's KV in use (overflow.py's signal)
     overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
+    retention: Retention  # retained KV judged against each decode's own use; the pin journal (kv/retention.py)
     client: httpx.AsyncClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
     tracer: Tracer | None = None  # --otlp-endpoint: the turns' traces (turn/trace.py); None: tracing off
@@ -51,8 +54,14 @@ class RouterState:
         index = DerivedIndex()
         metrics = RouterMetrics()
         releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
-                            config.release)
+                            config.release, config.block_size)
         capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
+        journal = (Journal(config.state_dir, config.decoder_kv_blocks_ttl)
+                   if config.state_dir and config.release and config.mode == "disaggregated" else None)
+        releaser.journal = journal
+        handles = HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
+                              budget=capacities.budget if config.release else None,
+                              block_size=config.block_size, journal=journal)
         return cls(
             config=config,
             prefill=prefill,
@@ -60,9 +69,7 @@ class RouterState:
             prefill_policy=AffinityRing(prefill, config.load_factor),
             decode_policy=HolderFirst(config.load_factor),
             index=index,
-            handles=HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
-                                budget=capacities.budget if config.release else None,
-                                block_size=config.block_size),
+            handles=handles,
             responses=ResponseStore(config.handle_lifetime, config.max_handles),
             metrics=metrics,
             prefill_gate=Gate(prefill, config.max_inflight_per_instance, config.max_queue, config.queue_timeout,
@@ -75,6 +82,8 @@ class RouterState:
             engine_choice=EngineChoice(),
             kv_use=KvUse(),
             overflowed=AffinityTable(config.max_handles, index=index),
+            retention=Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
+                                config.block_size, metrics.registry, journal),
             tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
         )
 
@@ -102,4 +111,5 @@ class RouterState:
     def stats(self) -> dict[str, object]:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                   self.capacities.budgets(self.decode) if self.config.release else {},
-                                  self.kv_use.snapshot((self.prefill, self.decode)), self.held())
+                                  self.kv_use.snapshot((self.prefill, self.decode)), self.held(),
+                                  self.retention.stats() if self.config.mode == "disaggregated" else None)
