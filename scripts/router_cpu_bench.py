@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,8 +60,28 @@ def next_port() -> int:
     """A free port: the next of --base-port's range when given, else any the OS offers."""
     if not _NEXT_PORT:
         return free_port()
-    _NEXT_PORT[0] += 1
-    return _NEXT_PORT[0] - 1
+    while True:  # skip ports an outgoing connection holds as its local port just now
+        _NEXT_PORT[0] += 1
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", _NEXT_PORT[0] - 1))
+            return _NEXT_PORT[0] - 1
+
+
+# The router under cProfile: uvicorn re-raises the SIGTERM it caught once it has shut down, so the stats are
+# written by a handler of that signal (which uvicorn restores before re-raising) rather than at exit.
+CPROFILE = """
+import cProfile, os, runpy, signal, sys
+out, sys.argv = sys.argv[1], ["pdctl.router", *sys.argv[2:]]
+prof = cProfile.Profile()
+def dump(*_):
+    prof.disable()
+    prof.dump_stats(out)
+    os._exit(0)
+signal.signal(signal.SIGTERM, dump)
+prof.enable()
+runpy.run_module("pdctl.router", run_name="__main__")
+"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -261,7 +282,8 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
         for (port, proc), role in zip(((pp, procs[0]), (dp, procs[1])), ("prefill", "decode"), strict=True):
             wait_health(port, proc, f"simulated {role}", logs / f"{name}-{role}.log")
         router_log = logs / f"{name}-router.log"
-        router = start([sys.executable, "-m", "pdctl.router", "serve", "--port", str(rp),
+        prof = ["-c", CPROFILE, f"{args.cprofile}.{name}"] if args.cprofile else ["-m", "pdctl.router"]
+        router = start([sys.executable, *prof, "serve", "--port", str(rp),
                         "--prefill", f"http://127.0.0.1:{pp}", "--decode", f"http://127.0.0.1:{dp}",
                         "--model", MODEL, "--decoder-kv-blocks-ttl", str(args.kv_ttl), "--log-level", "warning",
                         *args.router_arg], router_log, router_cores)
@@ -360,6 +382,7 @@ def main() -> None:
     ap.add_argument("--router-arg", action="append", default=[], help="extra `router serve` argument (repeatable)")
     ap.add_argument("--profile", help="py-spy the router into PATH.on / PATH.off (speedscope format)")
     ap.add_argument("--base-port", type=int, help="take ports from here up (default: free ones)")
+    ap.add_argument("--cprofile", help="run the router under cProfile, its stats to PATH.on / PATH.off (slower)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     bad = [w for w in args.workloads.split(",") if w not in ("new", "mix")]
