@@ -241,7 +241,8 @@ def worker(port: int, streams: int, seconds: float, workload: str, seed: int, ou
     out.put(asyncio.run(run()))
 
 
-def play(port: int, streams: int, seconds: float, workload: str, procs: int, cores: list[int]) -> tuple[int, int, list[str]]:
+def play(port: int, streams: int, seconds: float, workload: str, procs: int,
+         cores: list[int]) -> tuple[int, int, list[str]]:
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     n = max(1, min(procs, streams))
@@ -264,7 +265,8 @@ def play(port: int, streams: int, seconds: float, workload: str, procs: int, cor
 
 
 # -- one leg: engines + router, every workload and stream count ---------------------------------------------------
-def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int], other_cores: list[int]) -> list[dict[str, Any]]:
+def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int],
+        other_cores: list[int]) -> list[dict[str, Any]]:
     bidirectional = name == "on"
     pp, dp, rp = next_port(), next_port(), next_port()
     procs = []

@@ -199,11 +199,9 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                   finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     span = ctx.trace.new_id() if ctx.trace is not None else None
-    req = state.http.build_request("POST", f"{d.url}{ctx.path}", content=payload,
-                                   headers=_request_headers(ctx, span))
     sent = time.perf_counter()
     try:
-        resp = await state.http.send(req, stream=True)
+        resp = await state.http.stream_post(f"{d.url}{ctx.path}", payload, _request_headers(ctx, span))
     except httpx.HTTPError as exc:
         return _fail(state, d, rid, _kind(exc), exc)
     try:
