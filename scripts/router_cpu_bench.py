@@ -71,9 +71,9 @@ def next_port() -> int:
 # The router under cProfile: uvicorn re-raises the SIGTERM it caught once it has shut down, so the stats are
 # written by a handler of that signal (which uvicorn restores before re-raising) rather than at exit.
 CPROFILE = """
-import cProfile, os, runpy, signal, sys
+import cProfile, os, runpy, signal, sys, time
 out, sys.argv = sys.argv[1], ["pdctl.router", *sys.argv[2:]]
-prof = cProfile.Profile()
+prof = cProfile.Profile(time.process_time)  # CPU time: waits and other processes do not count
 def dump(*_):
     prof.disable()
     prof.dump_stats(out)

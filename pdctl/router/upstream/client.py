@@ -10,12 +10,12 @@ pass their own), takes httpx's own path unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 
-from pdctl.router.upstream.transport import FastTransport, Key
+from pdctl.router.upstream.transport import FastTransport, Key, Body
 
 _MAX_URLS = 4096  # distinct upstream URLs remembered (engines x paths: a handful in practice)
 
@@ -77,3 +77,11 @@ class LeanClient(httpx.AsyncClient):
         if resp is not None:
             return resp
         return await self.send(self.build_request("POST", url, content=content, headers=headers), stream=True)
+
+
+def raw_chunks(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive: FastTransport's stream itself (no per-chunk httpx bookkeeping), else
+    aiter_raw(). Close the response when done, as with aiter_raw()."""
+    if isinstance(resp.stream, Body):
+        return resp.stream.__aiter__()
+    return resp.aiter_raw()

@@ -127,7 +127,7 @@ async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) 
         timer.cancel()
 
 
-class _Body(httpx.AsyncByteStream):
+class Body(httpx.AsyncByteStream):
     def __init__(self, conn: _Conn, timeout: float | None) -> None:
         self.conn, self.timeout = conn, timeout
 
@@ -180,7 +180,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         return httpx.Response(status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"})
 
     async def exchange(self, key: Key, payload: bytes, connect_timeout: float | None,
-                       read_timeout: float | None) -> tuple[int, list[tuple[bytes, bytes]], _Body]:
+                       read_timeout: float | None) -> tuple[int, list[tuple[bytes, bytes]], Body]:
         """Send one whole request (`payload`: its head and body) and wait for the response's head: its status,
         headers and body stream (whose aclose() puts the connection back). LeanClient calls this directly."""
         for fresh in (False, True):
@@ -197,7 +197,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             except BaseException:  # timeouts, protocol errors, and the caller's cancellation (its client left)
                 _close(conn)
                 raise
-        return conn.parser.get_status_code(), conn.headers, _Body(conn, read_timeout)
+        return conn.parser.get_status_code(), conn.headers, Body(conn, read_timeout)
 
     def release(self, conn: _Conn) -> None:
         if conn.released or conn.transport is None or conn.transport.is_closing():
