@@ -297,6 +297,10 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
                                     "--output", str(out), "--rate", "50"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         play(rp, 16, 1.0, "new", args.load_procs, other_cores)  # warm-up: imports, connections
+        c0 = cpu_seconds(router.pid)
+        time.sleep(5)
+        idle = (cpu_seconds(router.pid) - c0) / 5
+        print(f"{name:>3} router idle (health checks, timers): {idle:.1%} of a core", flush=True)
         for workload in args.workloads.split(","):
             for streams in (int(s) for s in args.streams.split(",")):
                 for rep in range(1, args.reps + 1):
@@ -307,7 +311,8 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
                     row = {"leg": name, "workload": workload, "streams": streams, "rep": rep, "requests": done,
                            "errors": errors, "rps": round(done / wall, 1),
                            "cpu_s_per_1000": round(cpu / done * 1000, 3) if done else None,
-                           "router_cpu_util": round(cpu / wall, 2), "load1": round(load, 2)}
+                           "router_cpu_util": round(cpu / wall, 2), "load1": round(load, 2),
+                           "router_idle_util": round(idle, 4)}
                     rows.append(row)
                     print(f"{name:>3} {workload:>4} streams={streams:<5} rep {rep}: {row['rps']:>7} req/s  "
                           f"errors {errors:<4} router CPU {row['cpu_s_per_1000']} s/1000 req "
