@@ -3,9 +3,9 @@
 Per upstream request httpx's client layer (URL parsing and merging, header merging, the cookie jar, auth and
 redirect handling, event hooks) cost the router more CPU than the transport and the JSON work together. The
 router's calls to its engines need none of it: a POST of bytes already encoded to a URL it built itself. `post`
-without extra options and `stream_post` write the request's bytes to FastTransport directly (the URL's address
-and path parsed once per URL) and return an ordinary httpx.Response; any other call, or another transport (tests
-pass their own), takes httpx's own path unchanged.
+(with no option but a timeout in seconds) and `stream_post` write the request's bytes to FastTransport directly
+(the URL's address and path parsed once per URL) and return an ordinary httpx.Response; any other call, or
+another transport (tests pass their own), takes httpx's own path unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from pdctl.router.upstream.transport import FastTransport, Key, Body
+from pdctl.router.upstream.transport import Body, FastTransport, Key
 
 _MAX_URLS = 4096  # distinct upstream URLs remembered (engines x paths: a handful in practice)
 
@@ -45,8 +45,8 @@ class LeanClient(httpx.AsyncClient):
                 u.raw_path, u.host.encode("ascii"), port, self._defaults))
         return got
 
-    async def _exchange(self, url: str, content: bytes, headers: Mapping[str, str] | None
-                        ) -> httpx.Response | None:
+    async def _exchange(self, url: str, content: bytes, headers: Mapping[str, str] | None,
+                        timeout: float | None = None) -> httpx.Response | None:
         target = self._target(url) if self._fast is not None else None
         if target is None or self._fast is None:
             return None
@@ -55,14 +55,16 @@ class LeanClient(httpx.AsyncClient):
                          for k, v in (headers or {}).items()
                          if k.lower() not in ("content-length", "transfer-encoding", "host"))
         payload = b"%s%scontent-length: %d\r\n\r\n%s" % (head, extra, len(content), content)
-        status, raw, stream = await self._fast.exchange(key, payload, self._connect_timeout, self._read_timeout)
+        connect, read = (self._connect_timeout, self._read_timeout) if timeout is None else (timeout, timeout)
+        status, raw, stream = await self._fast.exchange(key, payload, connect, read)
         return httpx.Response(status, headers=raw, stream=stream)
 
     async def post(self, url: httpx.URL | str, *, content: Any = None, headers: Any = None,
                    **kwargs: Any) -> httpx.Response:
-        if not kwargs and isinstance(url, str) and isinstance(content, bytes) and (
-                headers is None or isinstance(headers, dict)):
-            resp = await self._exchange(url, content, headers)
+        timeout = kwargs.get("timeout")  # a number of seconds (the releases' own), as httpx.Timeout(timeout)
+        if set(kwargs) <= {"timeout"} and isinstance(timeout, int | float | None) and isinstance(url, str) and (
+                isinstance(content, bytes) and (headers is None or isinstance(headers, dict))):
+            resp = await self._exchange(url, content, headers, timeout)
             if resp is not None:
                 try:
                     await resp.aread()
