@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# One H200 under eviction (docs/results/h200-1gpu-evict): configs/h200-1gpu-evict.yaml (prefill and decode share
+# GPU 0, the prefill's KV cut to 192 blocks), `pdctl bench --profile agent --sweep` over agent sessions, legs OFF
+# (one-way, the prefill's prefix caching on), ON via the prefill, ON default; then the aggregated engine alone.
+# One stage per device call (docs/gpu-run.md "One H200"):
+#
+#   h200-1gpu-evict.sh receive        move the carried wheelhouse part (./.gpu/wh/parts/partNN) out of the tree
+#   h200-1gpu-evict.sh go SECONDS     once: `setup` (scripts/gpu/h200-1gpu.sh) from the carried .gpu/src; then
+#                                     bench A (off, on-prefill, on) in the background, then bench B (agg), waiting
+#                                     up to SECONDS in all; repeat `go` until both are saved. Every call returns
+#                                     what is saved so far.
+set -uo pipefail
+base=/root/pdctl-gpu
+repo=$base/src
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$base/parts" "$base/saved" "$out"
+export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
+cli=/opt/torch/.venv/bin/pdctl
+topo=$repo/configs/h200-1gpu-evict.yaml
+sweep=${PDCTL_EVICT_SWEEP:-sessions=2,4,8,16}
+common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200)
+legs_a=(--leg "off:connector.bidirectional_kv_xfer=false"
+        --leg "on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0"
+        --leg "on:connector.bidirectional_kv_xfer=true")
+legs_b=(--leg "agg:mode=aggregated,model.gpu_memory_utilization=0.9")
+
+running() { [ -e "$base/bench-$1.pid" ] && kill -0 "$(cat "$base/bench-$1.pid")" 2>/dev/null; }
+
+start_bench() {  # start_bench NAME LEGS...
+  local name=$1; shift
+  rm -rf "$base/bench-$name"
+  setsid nohup "$cli" bench -t "$topo" "${common[@]}" --out "$base/bench-$name" "$@" >"$base/bench-$name.log" 2>&1 &
+  echo $! > "$base/bench-$name.pid"
+  echo "bench $name started, pid $! ($(date -u +%T))"
+}
+
+save() {  # the bench's report dir and log, the engines' KV-transfer log lines, all logs
+  local name=$1 logs
+  logs=$(find "$PDCTL_HOME" /root/.pdctl -path '*h200-1gpu-evict/logs' -type d 2>/dev/null | head -1)
+  mkdir -p "$base/bench-$name"
+  [ -n "$logs" ] && grep -a -H "KV Transfer metrics" "$logs"/*.log > "$base/bench-$name/kvmetrics-logs.txt" 2>/dev/null
+  cp "$base/bench-$name.log" "$base/bench-$name/bench.log"
+  tar -C "$base" -czf "$base/saved/bench-$name.tgz" "bench-$name"
+  [ -n "$logs" ] && tar -C "$logs/.." -czf "$base/saved/logs-$name.tgz" logs
+  touch "$base/bench-$name.saved"
+}
+
+stage=${1:?stage}; shift
+case $stage in
+  receive)
+    for p in "$PWD"/.gpu/wh/parts/part* "$PWD"/.gpu/wh/parts/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
+    ls "$base/parts" | tr '\n' ' '; echo
+    ;;
+  go)
+    deadline=$((SECONDS + ${1:-560}))
+    if [ ! -e "$base/setup.done" ]; then
+      for p in "$PWD"/.gpu/wh/parts/part* "$PWD"/.gpu/wh/parts/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
+      echo "commit measured: $(cat "$PWD/.gpu/src/COMMIT")"
+      { date -u; nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > "$base/saved/device.txt" 2>&1
+      bash "$PWD/.gpu/src/scripts/gpu/h200-1gpu.sh" setup > "$base/saved/setup.txt" 2>&1 || {
+        cp "$base/saved/setup.txt" "$out/"; tail -40 "$base/saved/setup.txt"; exit 1; }
+      cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
+      touch "$base/setup.done"; tail -5 "$base/saved/setup.txt"
+    fi
+    for name in a b; do
+      [ -e "$base/bench-$name.saved" ] && continue
+      if ! running "$name" && [ ! -e "$base/bench-$name.pid" ]; then
+        if [ "$name" = a ]; then start_bench a "${legs_a[@]}"; else start_bench b "${legs_b[@]}"; fi
+      fi
+      while [ $SECONDS -lt "$deadline" ] && running "$name"; do sleep 5; done
+      if running "$name"; then echo "bench $name still running ($(date -u +%T))"; tail -6 "$base/bench-$name.log"; break; fi
+      save "$name"; echo "bench $name done ($(date -u +%T))"; tail -30 "$base/bench-$name.log"
+    done
+    /opt/torch/.venv/bin/python -m pip list 2>/dev/null | grep -i -E "^(vllm|nixl|nixl-cu13|torch) " > "$base/saved/versions.txt"
+    nvidia-smi --query-gpu=index,memory.used --format=csv > "$base/saved/gpu-now.txt"
+    tar -C "$base/saved" -czf "$out/meta.tgz" --exclude='*.tgz' .   # $OUT returns at most 8 files
+    cp "$base/saved/"*.tgz "$out/" 2>/dev/null
+    ls -l "$out"
+    ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
