@@ -138,3 +138,57 @@ def test_a_pooled_connection_whose_write_raises_runtime_error_is_retried_on_a_fr
         server.close()
 
     asyncio.run(main())
+
+
+def test_lean_client_posts_straight_to_the_transport_with_its_default_headers() -> None:
+    """LeanClient's fast path: the client's default headers (the engine key), the call's headers, the body and a
+    Host header reach the upstream; whole and streamed answers, one pooled connection; a timeout in seconds holds;
+    another transport takes httpx's own path."""
+    from pdctl.router.upstream.client import LeanClient, raw_chunks
+
+    heads: list[bytes] = []
+
+    async def main() -> None:
+        server, connections = await serve()
+        slow, _ = await serve(handler_delay=1.0)
+        port, slow_port = server.sockets[0].getsockname()[1], slow.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        transport = FastTransport()
+        original = transport.exchange
+
+        async def spy(key: tuple[str, int], payload: bytes, *a: object) -> object:
+            heads.append(payload)
+            return await original(key, payload, *a)  # type: ignore[arg-type]
+
+        transport.exchange = spy  # type: ignore[method-assign,assignment]
+        async with LeanClient(transport=transport, headers={"Authorization": "Bearer k"},
+                              timeout=httpx.Timeout(5.0, connect=1.0)) as client:
+            r = await client.post(f"{url}/echo", content=b'{"a":1}', headers={"x-request-id": "r1"})
+            assert (r.status_code, r.content, r.headers["x-echo"]) == (201, b'{"a":1}', "yes")
+            r = await client.stream_post(f"{url}/stream", b"{}", {"content-type": "application/json"})
+            try:
+                assert r.status_code == 200
+                assert b"".join([c async for c in raw_chunks(r)]) == b"data: 1\n\ndata: 2\n\n"
+            finally:
+                await r.aclose()
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(f"http://127.0.0.1:{slow_port}/x", content=b"", timeout=0.1)
+        assert connections[0] == 1  # both calls on one pooled connection
+        head = heads[0].split(b"\r\n\r\n")[0].lower().split(b"\r\n")
+        assert head[0] == b"post /echo http/1.1"
+        assert {f"host: 127.0.0.1:{port}".encode(), b"authorization: bearer k", b"x-request-id: r1",
+                b"content-length: 7"} <= set(head)
+        assert len(heads) == 3  # every call took the fast path
+
+        async with LeanClient(transport=httpx.AsyncHTTPTransport(), timeout=httpx.Timeout(5.0)) as other:
+            r = await other.post(f"{url}/echo", content=b"x")
+            assert (r.status_code, r.content) == (201, b"x")
+            r = await other.stream_post(f"{url}/stream", b"{}", {})
+            try:
+                assert b"".join([c async for c in raw_chunks(r)]) == b"data: 1\n\ndata: 2\n\n"
+            finally:
+                await r.aclose()
+        server.close()
+        slow.close()
+
+    asyncio.run(main())

@@ -28,6 +28,7 @@ from pdctl.router.server.otlp import OtlpExporter
 from pdctl.router.server.routes import ROUTES, Route
 from pdctl.router.turn.context import SCOPE_KEY, RequestContext
 from pdctl.router.turn.state import RouterState
+from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.transport import FastTransport
 from pdctl.secret import bearer
 
@@ -70,7 +71,7 @@ class Dispatcher:
 
     async def startup(self) -> None:
         cfg = self.state.config
-        self.state.client = httpx.AsyncClient(
+        self.state.client = LeanClient(
             headers=bearer(cfg.engine_key),
             transport=self.transport or FastTransport(max_idle=cfg.max_connections),
             timeout=httpx.Timeout(cfg.request_timeout, connect=cfg.connect_timeout),

@@ -139,4 +139,6 @@ class SseRewriter:
         if not isinstance(obj, dict):
             return event + b"\n\n"
         self.capture.take(obj)
-        return b"data: " + jsonx.dumps(obj) + b"\n\n"
+        if b"kv_transfer_params" in event or (not self.capture.keep_ids and b"token_ids" in event):
+            return b"data: " + jsonx.dumps(obj) + b"\n\n"
+        return event + b"\n\n"  # take() stripped nothing: the event's own bytes, not serialised again

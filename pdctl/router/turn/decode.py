@@ -12,6 +12,7 @@ unless it was merely slow.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +28,7 @@ from pdctl.router.turn.capture import Capture, SseRewriter
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.trace import CLIENT
+from pdctl.router.upstream.client import raw_chunks
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
@@ -199,11 +201,9 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                   finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     span = ctx.trace.new_id() if ctx.trace is not None else None
-    req = state.http.build_request("POST", f"{d.url}{ctx.path}", content=payload,
-                                   headers=_request_headers(ctx, span))
     sent = time.perf_counter()
     try:
-        resp = await state.http.send(req, stream=True)
+        resp = await state.http.stream_post(f"{d.url}{ctx.path}", payload, _request_headers(ctx, span))
     except httpx.HTTPError as exc:
         return _fail(state, d, rid, _kind(exc), exc)
     try:
@@ -217,7 +217,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
             finish()
             await send_bytes(send, resp.status_code, relayed_error(resp.status_code, content, "decode"), headers)
             return True
-        chunks = resp.aiter_raw()
+        chunks = raw_chunks(resp)
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:
@@ -229,38 +229,45 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         sse = SseRewriter(capture)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers, _decode_ms(sent)]})
-        out = sse.feed(first)
+        last = sse.feed(first)  # held back once it carries `[DONE]`: it goes out with the end of the response
         state.metrics.ttft_seconds.observe(time.perf_counter() - ctx.started)
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            if out:
-                if sse.done:
-                    finish()
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-            async for chunk in chunks:
-                if gone.done():  # the client left: closing the response makes the decode abort the request
-                    capture.params = None
-                    log.info("[%s] client disconnected; aborting the decode", rid)
-                    return True
-                out = sse.feed(chunk)
-                if out:
+        if not sse.done:  # a whole answer in the first read (the common short reply) needs no disconnect watch
+            gone = asyncio.ensure_future(_disconnected(receive))
+            try:
+                if last:
+                    await send({"type": "http.response.body", "body": last, "more_body": True})
+                last = b""
+                async for chunk in chunks:
+                    if gone.done():  # the client left: closing the response makes the decode abort the request
+                        capture.params = None
+                        log.info("[%s] client disconnected; aborting the decode", rid)
+                        return True
+                    out = sse.feed(chunk)
                     if sse.done:  # the decode's answer is whole: its stream may still take a while to close
-                        finish()
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-            tail = sse.flush()
-        except httpx.HTTPError as exc:
-            slow = isinstance(exc, httpx.TimeoutException)
-            if not slow:
-                state.decode.eject(d)
-            state.metrics.error("decode", "mid_stream_timeout" if slow else "mid_stream")
-            log.error("[%s] decode failed mid-stream (%s)%s", rid, type(exc).__name__,
-                      "" if slow else "; ejected it from the pool")
-            capture.params = None
-            tail = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
-        finally:
-            gone.cancel()
+                        last = out
+                        break
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                last += sse.flush()
+            except httpx.HTTPError as exc:
+                slow = isinstance(exc, httpx.TimeoutException)
+                if not slow:
+                    state.decode.eject(d)
+                state.metrics.error("decode", "mid_stream_timeout" if slow else "mid_stream")
+                log.error("[%s] decode failed mid-stream (%s)%s", rid, type(exc).__name__,
+                          "" if slow else "; ejected it from the pool")
+                capture.params = None
+                last = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
+            finally:
+                gone.cancel()
+        else:
+            last += sse.flush()
         finish()
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+        if sse.done:  # read the stream's end, so that its connection goes back to the pool
+            with contextlib.suppress(httpx.HTTPError):
+                async for _ in chunks:
+                    pass
         return True
     finally:
         await resp.aclose()

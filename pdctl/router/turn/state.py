@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import httpx
-
 from pdctl.router.config import RouterConfig
 from pdctl.router.kv.affinity import AffinityTable, EngineChoice
 from pdctl.router.kv.capacity import Capacities
@@ -20,6 +18,7 @@ from pdctl.router.kv.usage import KvUse
 from pdctl.router.turn.metrics import RouterMetrics
 from pdctl.router.turn.trace import Tracer
 from pdctl.router.upstream.admission import Gate
+from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import AffinityRing, HolderFirst, Pool, Selector
 
 
@@ -43,7 +42,7 @@ class RouterState:
     kv_use: KvUse  # each engine's KV in use (overflow.py's signal)
     overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
     retention: Retention  # retained KV judged against each decode's own use; the pin journal (kv/retention.py)
-    client: httpx.AsyncClient | None = field(default=None)
+    client: LeanClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
     tracer: Tracer | None = None  # --otlp-endpoint: the turns' traces (turn/trace.py); None: tracing off
 
@@ -88,7 +87,7 @@ class RouterState:
         )
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> LeanClient:
         if self.client is None:
             raise RuntimeError("the router's HTTP client is opened by the app's lifespan")
         return self.client

@@ -173,9 +173,8 @@ async def _whole(state: RouterState, ctx: RequestContext, via: Via, busy: _InFli
 async def _stream(state: RouterState, ctx: RequestContext, via: Via, busy: _InFlight, send: Send,
                   payload: bytes) -> Literal[True] | bytes:
     u = busy.u
-    req = state.http.build_request("POST", f"{u.url}{ctx.path}", content=payload, headers=_headers(ctx))
     try:
-        resp = await state.http.send(req, stream=True)
+        resp = await state.http.stream_post(f"{u.url}{ctx.path}", payload, _headers(ctx))
     except httpx.HTTPError as exc:
         return _failed(state, ctx, via, u, _kind(exc), exc)
     try:

@@ -127,7 +127,7 @@ async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) 
         timer.cancel()
 
 
-class _Body(httpx.AsyncByteStream):
+class Body(httpx.AsyncByteStream):
     def __init__(self, conn: _Conn, timeout: float | None) -> None:
         self.conn, self.timeout = conn, timeout
 
@@ -169,19 +169,25 @@ class FastTransport(httpx.AsyncBaseTransport):
         if url.scheme != "http":
             raise httpx.UnsupportedProtocol("the router's fast transport speaks plain http only")
         timeouts = request.extensions.get("timeout", {})
-        key = (url.host, url.port or 80)
         body = request.content
         lines = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
         for name, value in request.headers.raw:
             if name.lower() not in (b"content-length", b"transfer-encoding"):
                 lines += [name, b": ", value, b"\r\n"]
         lines += [b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body]
-        payload = b"".join(lines)
+        status, headers, stream = await self.exchange((url.host, url.port or 80), b"".join(lines),
+                                                      timeouts.get("connect"), timeouts.get("read"))
+        return httpx.Response(status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"})
+
+    async def exchange(self, key: Key, payload: bytes, connect_timeout: float | None,
+                       read_timeout: float | None) -> tuple[int, list[tuple[bytes, bytes]], Body]:
+        """Send one whole request (`payload`: its head and body) and wait for the response's head: its status,
+        headers and body stream (whose aclose() puts the connection back). LeanClient calls this directly."""
         for fresh in (False, True):
-            conn, reused = await self._connect(key, timeouts.get("connect"), reuse=not fresh)
+            conn, reused = await self._connect(key, connect_timeout, reuse=not fresh)
             try:
                 _write(conn, payload)
-                await _wait(conn.head, timeouts.get("read"), "upstream sent no response in time")
+                await _wait(conn.head, read_timeout, "upstream sent no response in time")
                 break
             except httpx.ReadError:
                 # A pooled keep-alive connection the upstream closed just now: retry once on a new one.
@@ -191,8 +197,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             except BaseException:  # timeouts, protocol errors, and the caller's cancellation (its client left)
                 _close(conn)
                 raise
-        return httpx.Response(conn.parser.get_status_code(), headers=conn.headers,
-                              stream=_Body(conn, timeouts.get("read")), extensions={"http_version": b"HTTP/1.1"})
+        return conn.parser.get_status_code(), conn.headers, Body(conn, read_timeout)
 
     def release(self, conn: _Conn) -> None:
         if conn.released or conn.transport is None or conn.transport.is_closing():
