@@ -139,6 +139,7 @@ class SseRewriter:
         if not isinstance(obj, dict):
             return event + b"\n\n"
         self.capture.take(obj)
-        if b"kv_transfer_params" in event or (not self.capture.keep_ids and b"token_ids" in event):
+        if (b"kv_transfer_params" in event or (not self.capture.keep_ids and b"token_ids" in event)
+                or b'"prompt_tokens"' in event):  # usage: take() set the client's cached_tokens in it
             return b"data: " + jsonx.dumps(obj) + b"\n\n"
         return event + b"\n\n"  # take() stripped nothing: the event's own bytes, not serialised again
