@@ -47,9 +47,15 @@ the read's completion (READBACK_WAIT_MS, 38 ms in the simulator's model), which 
 of context (0.13-0.19 ms a token); a conversation whose history the prefill's cache holds then costs what OFF
 costs. 0: read whatever the prefill lacks."""
 
-LOCAL_POLICY: Literal["always", "load", "work"] = "load"
-"""Which turns under local_prefill_tokens run on the decode alone: load, while the decode is not busy (with the
-prefill's prefix caching on, the default, it held the most sessions on the simulated 1P1D: sim-capacity run E)."""
+LOCAL_POLICY: Literal["always", "load", "work", "cost"] = "cost"
+"""Which turns under local_prefill_tokens run on the decode alone: cost, by the router's per-turn cost model
+(pdctl.router.turn.cost: the source with the least predicted time to first token that keeps the decode's ITL within
+ITL_SLO_MS), which acts as load (while the decode is not busy: with the prefill's prefix caching on it held the
+most sessions on the simulated 1P1D, sim-capacity run E) until the rates it needs are measured."""
+
+ITL_SLO_MS = 200.0
+"""The decode's inter-token latency budget the cost model keeps: a warm turn whose prefill on its decode would
+stall that decode's other streams for longer than this is sent through a prefill."""
 
 LOCAL_BUSY_STREAMS = 4
 """local_policy load: requests in flight from which a decode counts as busy."""

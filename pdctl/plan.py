@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pdctl.defaults import (
+    ITL_SLO_MS,
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
@@ -337,6 +338,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
         argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
+    if r.local_prefill_tokens and r.itl_slo_ms != ITL_SLO_MS:
+        argv += ["--itl-slo-ms", f"{r.itl_slo_ms:g}"]
     if not r.release:
         argv.append("--no-release")
     elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:

@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from pdctl.defaults import (
     HANDLE_TTL_S,
+    ITL_SLO_MS,
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
@@ -26,8 +27,8 @@ from pdctl.errors import UsageError
 from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S, ROUTER_EXPIRY_MARGIN_S, handle_lifetime, leaves_no_handle
 
 # Where a warm turn runs under load (turn/placement.py says what each policy does).
-LocalPolicy = Literal["always", "load", "work"]
-POLICIES: tuple[LocalPolicy, ...] = ("always", "load", "work")
+LocalPolicy = Literal["always", "load", "work", "cost"]
+POLICIES: tuple[LocalPolicy, ...] = ("always", "load", "work", "cost")
 # The headers a conversation id is read from, first match wins (server/conversation_headers.py).
 DEFAULT_HEADERS = ("x-conversation-id", "x-session-id", "x-litellm-session-id", "x-session-affinity",
                    "x-correlation-id")
@@ -99,11 +100,18 @@ class RouterConfig:
     local_policy: LocalPolicy = knob(  # noqa: RUF009 (ruff cannot tell the alias is immutable)
         LOCAL_POLICY,
         "Which of those turns run on the decode: always; load (while the decode has fewer than "
-        "--local-busy-streams requests in flight, or the prefill has at least as many as the decode); or work "
-        "(while its prompt tokens in flight are at most the prefill's plus the hop's cost).",
+        "--local-busy-streams requests in flight, or the prefill has at least as many as the decode); work "
+        "(while its prompt tokens in flight are at most the prefill's plus the hop's cost); or cost (the source "
+        "with the least predicted time to first token plus stall to the decode's other streams, from rates the "
+        "router measures, never one whose step would break --itl-slo-ms; load until the rates are measured).",
     )
     local_busy_streams: int = knob(
         LOCAL_BUSY_STREAMS, "--local-policy load: requests in flight from which a decode counts as busy."
+    )
+    itl_slo_ms: float = knob(
+        ITL_SLO_MS,
+        "--local-policy cost: the decode's inter-token latency budget (ms). A warm turn whose prefill on its decode "
+        "would make that decode's step (its other streams' ITL) longer than this goes through a prefill.",
     )
     api_key: str | None = field(default=None, repr=False)
     """The key clients must send; given as --api-key-env, never in argv."""
@@ -238,6 +246,8 @@ class RouterConfig:
             problems.append(f"--shutdown-release-timeout must be >= 0, got {self.shutdown_release_timeout:g}")
         if self.release_concurrency < 1:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
+        if not self.itl_slo_ms > 0:
+            problems.append(f"--itl-slo-ms must be > 0, got {self.itl_slo_ms:g}")
         if self.local_busy_streams < 1:
             problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):

@@ -83,6 +83,38 @@ class RetentionStats:
 
 
 @dataclass(frozen=True)
+class KvChoiceStats:
+    """The `kv_choice` section of /stats (disaggregated mode): the KV source the router chose for its warm turns
+    (pdctl.router.turn.cost), how well it predicted their time to first token, and the rates it predicts with."""
+
+    itl_slo_ms: float
+    mix: Mapping[str, int] = field(default_factory=dict)  # source chosen -> turns (decode_cache, decode_read, ...)
+    basis: Mapping[str, int] = field(default_factory=dict)  # model | default (rates not yet measured) -> turns
+    local_refused: Mapping[str, int] = field(default_factory=dict)  # itl | slower | cap -> turns
+    measured_turns: int = 0  # model-chosen streamed turns whose TTFT was compared with the prediction
+    error_window: int = 0  # of them, the last this many are summarised below
+    error_mean_ms: float = 0.0  # measured - predicted TTFT, mean (> 0: the model is optimistic)
+    error_abs_p50_ms: float = 0.0
+    error_abs_p90_ms: float = 0.0
+    rates: Mapping[str, object] = field(default_factory=dict)  # engines (tokens_per_s, step_ms), links
+
+    def to_json(self) -> dict[str, Any]:
+        return {"itl_slo_ms": self.itl_slo_ms, "mix": dict(self.mix), "basis": dict(self.basis),
+                "local_refused": dict(self.local_refused), "measured_turns": self.measured_turns,
+                "error_window": self.error_window, "error_mean_ms": self.error_mean_ms,
+                "error_abs_p50_ms": self.error_abs_p50_ms, "error_abs_p90_ms": self.error_abs_p90_ms,
+                "rates": dict(self.rates)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> KvChoiceStats:
+        d = _object(doc, "`kv_choice`")
+        return cls(_float(d, "itl_slo_ms"), _counts(d, "mix"), _counts(d, "basis"), _counts(d, "local_refused"),
+                   _int(d, "measured_turns"), _int(d, "error_window"), _float(d, "error_mean_ms"),
+                   _float(d, "error_abs_p50_ms"), _float(d, "error_abs_p90_ms"),
+                   dict(_object(d.get("rates") or {}, "`kv_choice.rates`")))
+
+
+@dataclass(frozen=True)
 class RouterStats:
     """The router's `GET /stats` document. `from_json(x.to_json()) == x`."""
 
@@ -111,6 +143,7 @@ class RouterStats:
     uptime_s: float = 0.0
     version: str = ""
     retention: RetentionStats | None = None  # disaggregated mode only
+    kv_choice: KvChoiceStats | None = None  # disaggregated mode only
 
     @property
     def hit(self) -> int:
@@ -150,6 +183,7 @@ class RouterStats:
             "uptime_s": self.uptime_s,
             "version": self.version,
             **({"retention": self.retention.to_json()} if self.retention is not None else {}),
+            **({"kv_choice": self.kv_choice.to_json()} if self.kv_choice is not None else {}),
         }
 
     @classmethod
@@ -182,6 +216,7 @@ class RouterStats:
             uptime_s=_float(d, "uptime_s"),
             version=_str(d, "version"),
             retention=RetentionStats.from_json(d["retention"]) if d.get("retention") is not None else None,
+            kv_choice=KvChoiceStats.from_json(d["kv_choice"]) if d.get("kv_choice") is not None else None,
         )
 
 

@@ -31,7 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdctl.router.documents import DecodeRetention, Members, RetentionStats, RouterStats, UpstreamStats
+from pdctl.router.documents import (
+    DecodeRetention,
+    KvChoiceStats,
+    Members,
+    RetentionStats,
+    RouterStats,
+    UpstreamStats,
+)
 from pdctl.router.reasons import (
     D_TO_P,
     DECODE_CACHE,
@@ -210,6 +217,7 @@ __all__ = [
     "VERIFIED",
     "WHOLE_PREFILL",
     "DecodeRetention",
+    "KvChoiceStats",
     "Members",
     "Outcome",
     "ReadOutcome",

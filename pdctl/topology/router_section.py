@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from pdctl.defaults import (
     HANDLE_TTL_S,
+    ITL_SLO_MS,
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
@@ -58,14 +59,22 @@ class Router(Strict):
         "the decode's other streams one step of that many tokens); 0: always disaggregate. Default 4096 (0 "
         "with verify_prefix: false).",
     )
-    local_policy: Literal["always", "load", "work"] = Field(
+    local_policy: Literal["always", "load", "work", "cost"] = Field(
         LOCAL_POLICY,
         description="Which of those turns run on the decode: always; load (only while the decode has fewer "
-        "than local_busy_streams requests in flight, or when the prefill has as many); or work (while the prompt "
-        "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill).",
+        "than local_busy_streams requests in flight, or when the prefill has as many); work (while the prompt "
+        "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill); "
+        "or cost (the default: the source with the least predicted time to first token plus stall to the decode's "
+        "other streams, from rates the router measures, never one that breaks itl_slo_ms; as load until measured).",
     )
     local_busy_streams: int = Field(
         LOCAL_BUSY_STREAMS, ge=1, description="local_policy load: a decode with this many requests in flight is busy."
+    )
+    itl_slo_ms: float = Field(
+        ITL_SLO_MS,
+        gt=0,
+        description="local_policy cost: the decode's inter-token latency budget in ms. A warm turn whose prefill on "
+        "its decode would stall that decode's other streams for longer than this goes through a prefill instead.",
     )
 
     release: bool = Field(

@@ -17,6 +17,7 @@ from pdctl.router.wire import NOT_ELIGIBLE
 
 if TYPE_CHECKING:
     from pdctl.router.kv.conversation import Derivation
+    from pdctl.router.turn.cost import Choice
     from pdctl.router.turn.trace import Trace
 
 SCOPE_KEY: Final = "pdctl.request"
@@ -68,6 +69,9 @@ class RequestContext:
     # decode's answer carries its own (a local turn).
     cached_tokens: int | None = None
     cached_default: int | None = None
+    choice: Choice | None = None  # a warm turn's KV source as the cost model chose it (turn/cost.py)
+    decode_sent: float = 0.0  # perf_counter when the decode request went out (the last attempt's)
+    first_byte: float = 0.0  # perf_counter when the client's response started (0: not yet)
 
     @property
     def chat(self) -> bool:

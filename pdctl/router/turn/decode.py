@@ -143,7 +143,7 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
                  finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     span = ctx.trace.new_id() if ctx.trace is not None else None
-    sent = time.perf_counter()
+    sent = ctx.decode_sent = time.perf_counter()
     try:
         resp = await state.http.post(f"{d.url}{ctx.path}", content=payload, headers=_request_headers(ctx, span))
     except httpx.HTTPError as exc:
@@ -165,6 +165,7 @@ async def _whole(state: RouterState, ctx: RequestContext, d: Upstream, send: Sen
     else:
         content = relayed_error(resp.status_code, content, "decode")
     finish()
+    ctx.first_byte = time.perf_counter()
     await send_bytes(send, resp.status_code, content, [*headers, decode_ms])
     return True
 
@@ -201,7 +202,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                   finish: Callable[[], None]) -> Literal[True] | _Failed:
     rid = ctx.rid
     span = ctx.trace.new_id() if ctx.trace is not None else None
-    sent = time.perf_counter()
+    sent = ctx.decode_sent = time.perf_counter()
     try:
         resp = await state.http.stream_post(f"{d.url}{ctx.path}", payload, _request_headers(ctx, span))
     except httpx.HTTPError as exc:
@@ -230,7 +231,8 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE_HEADERS, *headers, _decode_ms(sent)]})
         last = sse.feed(first)  # held back once it carries `[DONE]`: it goes out with the end of the response
-        state.metrics.ttft_seconds.observe(time.perf_counter() - ctx.started)
+        ctx.first_byte = time.perf_counter()
+        state.metrics.ttft_seconds.observe(ctx.first_byte - ctx.started)
         if not sse.done:  # a whole answer in the first read (the common short reply) needs no disconnect watch
             gone = asyncio.ensure_future(_disconnected(receive))
             try:
@@ -249,6 +251,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 last += sse.flush()
+                _stepped(state, d, ctx.first_byte, len(capture.output_ids))
             except httpx.HTTPError as exc:
                 slow = isinstance(exc, httpx.TimeoutException)
                 if not slow:
@@ -271,6 +274,13 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         return True
     finally:
         await resp.aclose()
+
+
+def _stepped(state: RouterState, d: Upstream, first: float, tokens: int) -> None:
+    """A whole stream's inter-token latency as relayed, for the decode's step time at the streams it has in
+    flight (the cost model's; turn/rates.py)."""
+    if tokens >= 3:
+        state.rates.stepped(d.url, d.generation, d.outstanding, (time.perf_counter() - first) * 1000 / (tokens - 1))
 
 
 async def _disconnected(receive: Receive) -> None:

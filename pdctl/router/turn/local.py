@@ -1,10 +1,10 @@
-"""Conditional disaggregation: whether a warm turn runs on the decode that holds its conversation, alone.
-
-It does when that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds
-without tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the
-decode's and the chosen prefill's load, agrees. Such a turn skips the prefill hop and both transfers: the decode
-gets an ordinary request that hits its own prefix cache, and the handle stays pinned for the next disaggregated
-turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
+"""Conditional disaggregation: whether a warm turn runs on the decode that holds its conversation, alone. It does when
+that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds without
+tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the decode's
+and the chosen prefill's load, agrees; the `cost` policy asks the cost model (cost.py, choices.py), which answers
+with the `load` policy's rule until the rates it needs are measured. Such a turn skips the prefill hop and both
+transfers: the decode gets an ordinary request that hits its own prefix cache, and the handle stays pinned for the
+next disaggregated turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdctl.router.kv.handles import Handle
-from pdctl.router.turn import placement
+from pdctl.router.reasons import DECODE_CACHE
+from pdctl.router.turn import choices, placement
 from pdctl.router.turn.context import RequestContext
+from pdctl.router.turn.cost import Choice
 from pdctl.router.turn.history import added_tokens, token_ids
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.verify import matching_blocks
@@ -53,8 +55,16 @@ def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
         held, missing = len(known) // bs * bs, added_tokens(ctx, h.history)
     if held == 0 or missing is None:
         return None
+    policy = cfg.local_policy
+    if policy == "cost" and prefill is not None:
+        c = ctx.choice = choices.local(state.rates, holder, prefill, held, missing, cfg.min_read_tokens,
+                                       cfg.itl_slo_ms, limit)
+        if c.basis == "model":
+            return Local(holder, held, missing) if c.source == DECODE_CACHE else None
+        policy = "load"  # its rates not yet measured: the rule before the model
     prefill_load = load.load_of(prefill) if prefill is not None else None
-    if not placement.run_locally(cfg.local_policy, missing, limit, load.load_of(holder), prefill_load,
+    if not placement.run_locally(policy, missing, limit, load.load_of(holder), prefill_load,
                                  cfg.local_busy_streams):
         return None
+    ctx.choice = Choice(DECODE_CACHE, None, 0.0, "default", cfg.min_read_tokens)
     return Local(holder, held, missing)

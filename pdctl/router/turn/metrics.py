@@ -18,6 +18,7 @@ from pdctl.router.wire import (
     KV_SOURCES,
     P_TO_D,
     WHOLE_PREFILL,
+    KvChoiceStats,
     RetentionStats,
     RouterStats,
     UpstreamStats,
@@ -160,7 +161,8 @@ class RouterMetrics:
 
     def stats(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,
               budgets: dict[str, int] | None = None, kv_use: dict[str, float] | None = None,
-              held: dict[str, int] | None = None, retention: RetentionStats | None = None) -> dict[str, object]:
+              held: dict[str, int] | None = None, retention: RetentionStats | None = None,
+              kv_choice: KvChoiceStats | None = None) -> dict[str, object]:
         """The /stats document (pdctl.router.wire.RouterStats: its readers parse the same type)."""
         reused = self.outcomes["hit"] + self.outcomes["partial"]
         self._forget(time.monotonic())
@@ -190,6 +192,7 @@ class RouterMetrics:
             uptime_s=round(time.monotonic() - self.started, 3),
             version=__version__,
             retention=retention,
+            kv_choice=kv_choice,
         ).to_json()
 
     def exposition(self, live_handles: int, prefill: Pool, decode: Pool, pinned: dict[str, int] | None = None,

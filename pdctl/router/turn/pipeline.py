@@ -30,7 +30,7 @@ from pdctl.router import wire
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.kv.conversation import first_turn
 from pdctl.router.kv.handles import Taken
-from pdctl.router.turn import aggregated, decode, keep, local, overflow, prefill, request, verification
+from pdctl.router.turn import aggregated, decode, keep, local, measure, overflow, prefill, request, verification
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
@@ -131,6 +131,7 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
     assert h is not None
     reuse = wire.Reuse("hit", here.held, wire.DECODE_LOCAL)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
+    ahead = here.decode.work
     work = load.Work(here.decode, here.missing)  # a chunk in the decode's batch until the first token
     ctx.cached_tokens, ctx.cached_default = None, here.held  # the decode's own report, where it makes one
     try:
@@ -143,6 +144,8 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
         return False
     state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, here.held, True)
     state.metrics.local_turn()
+    measure.local_turn(state, ctx, here.decode, here.held + here.missing, ahead, here.missing)
+    measure.chosen(state, ctx)
     if ctx.trace is not None:
         ctx.trace.outcome(reuse, ctx.conversation)
     log.info("[%s] Ran on the decode alone (kv %s)", ctx.rid, reuse.header)
@@ -196,6 +199,7 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
     check, p = hop.check, hop.p
     tr = ctx.trace
     span = tr.new_id() if tr is not None else None  # the prefill request's traceparent names its span
+    ahead = p.work
     work = load.Work(p, check.new_tokens)
     try:
         pre = await prefill.run(state, ctx, p, check.verdict, check.ids, span)
@@ -211,6 +215,10 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
             state.metrics.diverged_at(v.block * state.config.block_size)
     if pre.status == 200:
         state.metrics.moved(read_tokens(v), offered)
+        if pre.upstream is not None:
+            computed = check.all_tokens - (pre.cached if pre.cached is not None else v.tokens)
+            measure.prefill_hop(state, pre.upstream, ctx.holder, check.all_tokens, ahead, computed, read_tokens(v),
+                                pre.ms / 1000)
     state.metrics.prefill_seconds.observe(pre.ms / 1000)
     if tr is not None and span is not None:
         _trace_hop(tr, ctx, pre, span, in_ms if first else None, offered)
@@ -222,6 +230,8 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
     ctx.cached_tokens, ctx.cached_default = pre.cached, v.tokens
     res = await decode.run(state, ctx, receive, send, pre.params, headers, partial(keep.new_handle, state, ctx))
     if res.sent:
+        measure.pulled(state, ctx, pre.upstream, res.upstream, offered)
+        measure.chosen(state, ctx)
         return None
     if not res.redo or not first:
         if res.error:

@@ -15,7 +15,9 @@ from pdctl.router.kv.release import Releaser
 from pdctl.router.kv.response_store import ResponseStore
 from pdctl.router.kv.retention import Retention
 from pdctl.router.kv.usage import KvUse
+from pdctl.router.turn.choices import Choices
 from pdctl.router.turn.metrics import RouterMetrics
+from pdctl.router.turn.rates import Rates
 from pdctl.router.turn.trace import Tracer
 from pdctl.router.upstream.admission import Gate
 from pdctl.router.upstream.client import LeanClient
@@ -42,6 +44,8 @@ class RouterState:
     kv_use: KvUse  # each engine's KV in use (overflow.py's signal)
     overflowed: AffinityTable  # conversation -> the prefill its turns run whole on (overflow.py)
     retention: Retention  # retained KV judged against each decode's own use; the pin journal (kv/retention.py)
+    rates: Rates  # what the cost model predicts with (turn/rates.py, turn/cost.py)
+    choices: Choices  # each warm turn's KV source, predicted and measured (turn/choices.py)
     client: LeanClient | None = field(default=None)
     unchecked: set[str] = field(default_factory=set)  # prefills warned about: they do not run pdctl's prefix check
     tracer: Tracer | None = None  # --otlp-endpoint: the turns' traces (turn/trace.py); None: tracing off
@@ -52,6 +56,7 @@ class RouterState:
         decode = Pool("decode", config.decode, config.eject_after)
         index = DerivedIndex()
         metrics = RouterMetrics()
+        rates = Rates()
         releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
                             config.release, config.block_size)
         capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
@@ -83,6 +88,8 @@ class RouterState:
             overflowed=AffinityTable(config.max_handles, index=index),
             retention=Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
                                 config.block_size, metrics.registry, journal),
+            rates=rates,
+            choices=Choices(metrics.registry, rates, config.itl_slo_ms),
             tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
         )
 
@@ -103,6 +110,7 @@ class RouterState:
 
     def exposition(self) -> bytes:
         """The /metrics text."""
+        self.choices.exposition()
         return self.metrics.exposition(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                        self.capacities.budgets(self.decode) if self.config.release else {},
                                        (self.prefill_gate, self.decode_gate))
@@ -111,4 +119,5 @@ class RouterState:
         return self.metrics.stats(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                   self.capacities.budgets(self.decode) if self.config.release else {},
                                   self.kv_use.snapshot((self.prefill, self.decode)), self.held(),
-                                  self.retention.stats() if self.config.mode == "disaggregated" else None)
+                                  self.retention.stats() if self.config.mode == "disaggregated" else None,
+                                  self.choices.stats() if self.config.mode == "disaggregated" else None)

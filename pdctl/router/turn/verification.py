@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from pdctl.router import jsonx, wire
-from pdctl.router.turn import placement
+from pdctl.router.turn import choices, placement
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.history import added_tokens, token_ids
 from pdctl.router.turn.state import RouterState
@@ -50,7 +50,17 @@ class Check:
 async def check(state: RouterState, ctx: RequestContext, p: Upstream) -> Check:
     verdict, ids = await _verdict(state, ctx, p)
     every = len(ids) if ids is not None else placement.prompt_tokens(ctx.body)
-    return Check(verdict, ids, _new_tokens(ctx, ids, verdict), every)
+    new = _new_tokens(ctx, ids, verdict)
+    h = ctx.taken.handle
+    if h is not None and verdict.outcome != "miss":
+        # Read or recompute (cost.py): the turn's break-even goes to the prefill with the handle.
+        floor = state.config.min_read_tokens
+        c = ctx.choice = choices.prefill_path(state.rates, state.decode.by_url(h.decode_url), p, verdict.tokens,
+                                              max(new, 0), floor, ctx.choice)
+        verdict = choices.with_min_read(verdict, c, floor)
+        if verdict.outcome == "miss":
+            new = every
+    return Check(verdict, ids, new, every)
 
 
 async def _verdict(state: RouterState, ctx: RequestContext, p: Upstream) -> tuple[Verdict, array[int] | None]:
