@@ -43,7 +43,7 @@ def test_the_router_refuses_an_unknown_policy() -> None:
     with pytest.raises(UsageError) as e:
         RouterConfig(prefill=("http://p",), decode=("http://d",), local_policy="sometimes",  # type: ignore[arg-type]
                      local_busy_streams=0)
-    assert e.value.message == ("invalid router options: --local-policy must be one of always, load, work, got "
+    assert e.value.message == ("invalid router options: --local-policy must be one of always, load, work, cost, got "
                                "'sometimes'; --local-busy-streams must be >= 1, got 0")
 
 

@@ -1,10 +1,11 @@
-"""Conditional disaggregation: whether a warm turn runs on the decode that holds its conversation, alone. It does when
-that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds without
-tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the decode's
-and the chosen prefill's load, agrees; the `cost` policy asks the cost model (cost.py, choices.py), which answers
-with the `load` policy's rule until the rates it needs are measured. Such a turn skips the prefill hop and both
-transfers: the decode gets an ordinary request that hits its own prefix cache, and the handle stays pinned for the
-next disaggregated turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
+"""Conditional disaggregation: whether a warm turn runs on the decode that holds its conversation, alone.
+
+It does when that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds
+without tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the
+decode's and the chosen prefill's load, agrees; the `cost` policy asks the cost model (cost.py, choices.py), which
+answers with the `load` policy's rule until the rates it needs are measured. Such a turn skips the prefill hop and
+both transfers: the decode gets an ordinary request that hits its own prefix cache, and the handle stays pinned for
+the next disaggregated turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
 """
 
 from __future__ import annotations
