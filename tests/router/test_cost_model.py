@@ -1,0 +1,161 @@
+"""The per-turn cost model (pdctl/router/turn/cost.py) and its rates (rates.py), as pure functions: which source a
+warm turn's KV comes from in each case, and the rates it predicts with."""
+
+from __future__ import annotations
+
+from pdctl import prefix_check
+from pdctl.router.turn import choices
+from pdctl.router.turn.cost import NEVER_READ, Speeds, Turn, break_even, choose, through_prefill
+from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Rates
+from pdctl.router.turn.verify import Verdict, at_prefill, hit_params
+from pdctl.router.upstream.pools import Upstream
+from pdctl.router.wire import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
+
+FLOOR = 256  # router.min_read_tokens
+SLO = 200.0  # router.itl_slo_ms
+CAP = 4096  # router.local_prefill_tokens
+# An H200-like pair: the prefill computes 8k tokens/s, the decode as fast; reads at 200k tokens/s, pulls at 400k;
+# a decode step of 20 ms.
+FAST = Speeds(prefill=8000.0, local=8000.0, read=200_000.0, pull=400_000.0, step_ms=20.0)
+
+
+def turn(held: int, missing: int, streams: int = 0, decode_queued: int = 0, prefill_queued: int = 0) -> Turn:
+    return Turn(held, missing, streams, decode_queued, prefill_queued)
+
+
+def test_an_idle_decode_that_holds_all_but_a_few_tokens_runs_the_turn_alone() -> None:
+    c = choose(turn(8000, 200), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.basis, c.refused) == (DECODE_CACHE, "model", None)
+    assert c.ttft_ms is not None and c.ttft_ms < 100  # 200 tokens at 8k/s and a step
+    assert c.others_ms == 0  # nobody else on the decode
+
+
+def test_a_busy_decode_refuses_a_turn_whose_step_would_break_the_itl_budget() -> None:
+    # 2000 new tokens at 8k tokens/s: a 250 ms stall in every stream's step, over the 200 ms budget.
+    c = choose(turn(8000, 2000, streams=12), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.refused) == (DECODE_READ, "itl")
+    # The same turn on an idle decode stalls nobody: it runs there.
+    assert choose(turn(8000, 2000, streams=0), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
+    # A larger budget takes it, unless the stall summed over the streams makes the prefill cheaper.
+    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP)
+    assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")
+
+
+def test_a_small_stall_on_a_lightly_loaded_decode_stays_local() -> None:
+    c = choose(turn(8000, 100, streams=2), FAST, FLOOR, SLO, CAP)
+    assert c.source == DECODE_CACHE
+    assert c.others_ms == 2 * 100 / 8000 * 1000
+
+
+def test_local_prefill_tokens_caps_what_runs_on_the_decode() -> None:
+    c = choose(turn(8000, 5000), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.refused) == (DECODE_READ, "cap")
+    assert choose(turn(8000, 100), FAST, FLOOR, SLO, 0).refused == "cap"  # 0: conditional disaggregation off
+
+
+def test_a_decode_busy_with_queued_prompts_sends_the_turn_to_an_idle_prefill() -> None:
+    c = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.refused) == (DECODE_READ, "slower")
+
+
+def test_a_cache_holding_part_of_the_history_reads_that_part() -> None:
+    # A partial: the decode holds 3000 of 9000 tokens; the rest is the prefill's to compute.
+    c = through_prefill(turn(3000, 6000), FAST, FLOOR)
+    assert c.source == DECODE_READ
+    assert c.ttft_ms is not None
+    whole = through_prefill(turn(0, 9000), FAST, FLOOR)  # holding none: recomputed, and slower
+    assert whole.source == RECOMPUTED and whole.ttft_ms is not None and whole.ttft_ms > c.ttft_ms
+
+
+def test_a_read_slower_than_recompute_is_not_made() -> None:
+    slow_link = Speeds(prefill=8000.0, local=None, read=4000.0, pull=400_000.0, step_ms=20.0)
+    assert break_even(8000.0, 4000.0, FLOOR) == (NEVER_READ, "model")
+    c = through_prefill(turn(12_000, 100), slow_link, FLOOR)
+    assert (c.source, c.min_read) == (RECOMPUTED, NEVER_READ)
+
+
+def test_a_short_history_on_a_link_barely_faster_than_compute_is_recomputed() -> None:
+    # The read saves 1/8000 - 1/10000 s a token against a fixed cost of 256 tokens of compute: worth it from 1281.
+    min_read, basis = break_even(8000.0, 10_000.0, FLOOR)
+    assert (min_read, basis) == (1281, "model")
+    link = Speeds(prefill=8000.0, local=None, read=10_000.0, pull=400_000.0, step_ms=None)
+    assert through_prefill(turn(1000, 50), link, FLOOR).source == RECOMPUTED
+    assert through_prefill(turn(2000, 50), link, FLOOR).source == DECODE_READ
+    # A fast link reads from the floor up; the floor still holds for shorter histories.
+    assert break_even(8000.0, 10_000_000.0, FLOOR)[0] == FLOOR + 1
+    assert break_even(8000.0, 10_000.0, 0) == (0, "default")  # min_read_tokens 0: always read
+
+
+def test_rates_not_yet_measured_fall_back_to_the_rule_before_the_model() -> None:
+    unknown = Speeds(None, None, None, None, None)
+    c = choose(turn(8000, 200, streams=50), unknown, FLOOR, SLO, CAP)
+    assert (c.basis, c.min_read, c.ttft_ms) == ("default", FLOOR, None)  # the caller applies local_policy load
+    no_local = Speeds(8000.0, None, 200_000.0, 400_000.0, 20.0)
+    assert choose(turn(8000, 200), no_local, FLOOR, SLO, CAP).basis == "default"
+    no_read = Speeds(8000.0, 8000.0, None, 400_000.0, 20.0)
+    assert break_even(8000.0, None, FLOOR) == (FLOOR, "default")
+    assert choose(turn(8000, 200), no_read, FLOOR, SLO, CAP).basis == "model"  # placement needs no read rate
+
+
+def test_a_rate_counts_after_its_samples_and_until_it_goes_stale() -> None:
+    now = [100.0]
+    rates = Rates(lambda: now[0])
+    for _ in range(MIN_SAMPLES - 1):
+        rates.computed("http://p", 0, 4000, 4000, 0.5)
+    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) is None
+    rates.computed("http://p", 0, 4000, 4000, 0.5)
+    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) == 8000.0
+    assert rates.engine("http://p", 0).compute_rate(60_000, now[0]) == 8000.0  # the nearest measured context
+    rates.computed("http://p", 0, 4000, 8, 0.001)  # too few tokens to say anything about a rate
+    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) == 8000.0
+    now[0] += STALE_S + 1
+    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) is None
+
+
+def test_a_restarted_decode_starts_from_no_rates() -> None:
+    rates = Rates(lambda: 1.0)
+    d, p = Upstream("http://d", "decode"), Upstream("http://p", "prefill")
+    for _ in range(MIN_SAMPLES):
+        rates.computed(d.url, d.generation, 4000, 4000, 0.5)
+        rates.computed(p.url, p.generation, 4000, 4000, 0.5)
+        rates.moved(D_TO_P, d.url, p.url, 4000, 0.02)
+        rates.moved(P_TO_D, p.url, d.url, 4000, 0.01)
+        rates.stepped(d.url, d.generation, 4, 20.0)
+    measured = choices.speeds(rates, d, p, 4000, 3)
+    assert None not in (measured.prefill, measured.local, measured.read, measured.pull, measured.step_ms)
+    d.generation += 1  # the pool saw it die and come back
+    after = choices.speeds(rates, d, p, 4000, 3)
+    assert (after.local, after.read, after.pull, after.step_ms) == (None, None, None, None)
+    assert after.prefill == measured.prefill  # the prefill's own rate is its own
+    assert choices.local(rates, d, p, 8000, 200, FLOOR, SLO, CAP).basis == "default"
+
+
+def test_the_step_time_is_read_at_the_streams_in_flight() -> None:
+    rates = Rates(lambda: 1.0)
+    for _ in range(MIN_SAMPLES):
+        rates.stepped("http://d", 0, 1, 10.0)
+        rates.stepped("http://d", 0, 16, 40.0)
+    e = rates.engine("http://d", 0)
+    assert e.step_ms(1, 1.0) == 10.0
+    assert e.step_ms(5, 1.0) == 10.0  # nothing measured at 4-7: the nearest fewer streams
+    assert e.step_ms(20, 1.0) == 40.0
+    assert e.step_ms(100, 1.0) == 40.0
+
+
+def test_the_break_even_travels_to_the_prefill_with_the_handle() -> None:
+    spec = prefix_check.spec(list(range(512)), 512, 16, True, FLOOR)
+    pending = at_prefill({"remote_num_tokens": 512, "remote_block_ids": list(range(32))}, spec)
+    never = through_prefill(turn(512, 50), Speeds(8000.0, None, 4000.0, 400_000.0, None), FLOOR)
+    sent = choices.with_min_read(pending, never, FLOOR)
+    assert sent.params[prefix_check.FIELD]["min_read"] == NEVER_READ
+    assert pending.params[prefix_check.FIELD]["min_read"] == FLOOR  # the handle's own spec is untouched
+    # The prefill then reads nothing: a recompute (nothing of it in its own cache).
+    params = dict(sent.params)
+    report = prefix_check.check(params, list(range(600)), cached=0)
+    assert report is not None and (report["reason"], params["remote_num_tokens"]) == (READ_NOT_WORTH, 0)
+    # Verified at the router, the same choice is a recompute decided here.
+    verified = Verdict("hit", "verified", 512, hit_params({"remote_num_tokens": 512}))
+    assert choices.with_min_read(verified, never, FLOOR).reason == READ_NOT_WORTH
+    # A default choice changes nothing.
+    default = through_prefill(turn(512, 50), Speeds(None, None, None, None, None), FLOOR)
+    assert choices.with_min_read(pending, default, FLOOR) is pending
