@@ -88,9 +88,10 @@ def break_even(prefill: float | None, read: float | None, floor: int) -> tuple[i
 
 def through_prefill(t: Turn, s: Speeds, floor: int) -> Choice:
     """The prefill path alone (the decode is not a candidate): read or recompute, and its predicted TTFT."""
-    min_read, basis = break_even(s.prefill, s.read, floor)
+    min_read, _ = break_even(s.prefill, s.read, floor)
     source = DECODE_READ if t.held > 0 and t.held >= min_read else RECOMPUTED
-    return Choice(source, _prefill_ttft(t, s, floor, source), 0.0, basis if s.prefill else "default", min_read)
+    ttft = _prefill_ttft(t, s, floor, source)
+    return Choice(source, ttft, 0.0, "model" if ttft is not None else "default", min_read)
 
 
 def _prefill_ttft(t: Turn, s: Speeds, floor: int, source: str) -> float | None:
@@ -125,4 +126,5 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
 
 
 def _refused(via: Choice, why: str) -> Choice:
-    return Choice(via.source, via.ttft_ms, via.others_ms, via.basis, via.min_read, why)
+    """Through the prefill, the decode alone refused: by the model (itl, slower), or by the cap (`via`'s basis)."""
+    return Choice(via.source, via.ttft_ms, via.others_ms, via.basis if why == "cap" else "model", via.min_read, why)

@@ -1,0 +1,118 @@
+"""The cost model end to end (router process, simulated engines on loopback): the rule before it until its rates
+are measured, then the decode alone on an idle decode, the prefill when the decode's step would break the ITL
+budget, recompute where the read link is slower than compute; every choice in /stats and /metrics; the
+simulator's integrity oracle at 0 throughout."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pdctl.router.documents import RouterStats
+from tests.router.conftest import RouterProc, corrupt, router_process
+from tests.router.talk import Conversation
+from tests.support.sim_procs import sim_pair
+
+TEXT = " ".join(f"w{i}" for i in range(120))  # a first turn of ~120 tokens
+MORE = " ".join(f"m{i}" for i in range(60))  # a warm turn's new text: over the rates' 32-token minimum
+
+
+def _choice(r: RouterProc) -> dict[str, Any]:
+    doc = r.stats()
+    RouterStats.from_json(doc)  # the document its readers parse
+    out: dict[str, Any] = doc["kv_choice"]
+    return out
+
+
+def _until(pred: Any, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _metric(r: RouterProc, line_start: str) -> float:
+    text = httpx.get(f"{r.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+
+def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_budget(tmp_path: Path) -> None:
+    with (
+        sim_pair(tmp_path, speed=5, threshold=0) as pd,
+        router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
+                       "--local-policy", "cost", "--itl-slo-ms", "0.01") as r,
+    ):
+        convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
+        for c in convs:  # cold turns: the prefill's rate, the P->D pull's, the decode's step
+            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+        first = convs[0].turn(f"{MORE} a")
+        # Nothing measured yet for the decode alone: the rule before the model (load: the decode is idle).
+        assert (first.outcome, first.reason) == ("hit", "decode_local"), first.reuse
+        _until(lambda: _choice(r)["basis"]["default"] == 1, "the turn's choice never reached /stats")
+        assert _choice(r)["basis"] == {"model": 0, "default": 1}
+        convs[1].turn(f"{MORE} b")  # the decode's second local sample
+
+        for i in range(8):  # a few more turns until every rate it needs counts (each takes two samples)
+            if _choice(r)["basis"]["model"]:
+                break
+            assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
+        assert _choice(r)["basis"]["model"], "the model never chose: its rates were not measured"
+        stats = _choice(r)
+        rates = stats["rates"]["engines"]
+        assert rates[pd.decode_url]["tokens_per_s"] and rates[pd.prefill_url]["tokens_per_s"], rates
+        assert rates[pd.decode_url]["step_ms"], rates
+        assert any(link["direction"] == "p_to_d" for link in stats["rates"]["links"]), stats["rates"]
+
+        idle = convs[0].turn(f"{MORE} d")  # an idle decode: nothing else to stall, the local turn is cheapest
+        assert (idle.outcome, idle.reason) == ("hit", "decode_local"), idle.reuse
+
+        other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=150)  # ~1 s of decoding
+        streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
+        streaming.start()
+        _until(lambda: r.stats()["decode"][0]["outstanding"] >= 1, "the other stream never started")
+        busy = convs[0].turn(f"{MORE} e")  # any stall breaks a 0.01 ms budget: through the prefill
+        streaming.join()
+        assert (busy.outcome, busy.reason) == ("hit", "verified"), busy.reuse
+        assert busy.status == 200 and busy.text
+
+        # A turn's choice is counted once its response is out: the client may read its end a moment before.
+        _until(lambda: _choice(r)["local_refused"]["itl"] >= 1, f"no refusal counted: {_choice(r)}")
+        stats = _choice(r)
+        assert stats["mix"]["decode_cache"] >= 3 and stats["mix"]["decode_read"] >= 1, stats
+        assert stats["measured_turns"] >= 1 and stats["error_window"] >= 1, stats
+        assert _metric(r, 'pdctl_router_kv_choice_total{basis="model",source="decode_cache"}') >= 1
+        assert _metric(r, 'pdctl_router_kv_choice_local_refused_total{why="itl"}') >= 1
+        assert _metric(r, 'pdctl_router_kv_choice_ttft_seconds_count{kind="measured"') >= 1
+        assert _metric(r, 'pdctl_router_rate{') > 0
+        assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_read_slower_than_recompute_is_recomputed(tmp_path: Path) -> None:
+    # Every D->P read on this prefill waits 300 ms: slower than computing a short history.
+    with (
+        sim_pair(tmp_path, threshold=0, prefill_args=["--kv-pull-delay-ms", "300"]) as pd,
+        router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--min-read-tokens", "16") as r,
+    ):
+        convs = [Conversation(r.url, True, True, "body", uuid.uuid4().hex, max_tokens=4) for _ in range(3)]
+        for c in convs:  # cold: the prefill's compute rate
+            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+        for c in convs[:2]:  # nothing measured of the link: they read (the rule before the model)
+            warm = c.turn(f"{MORE} a")
+            assert (warm.outcome, warm.reason) == ("hit", "verified"), warm.reuse
+            assert "read=" in warm.reuse and ";read=0;" not in warm.reuse, warm.reuse
+        stats = _choice(r)
+        assert any(link["direction"] == "d_to_p" for link in stats["rates"]["links"]), stats["rates"]
+
+        later = convs[2].turn(f"{MORE} b")  # the link measured slower than compute: the prefill recomputes
+        assert (later.outcome, later.reason) == ("miss", "read_not_worth"), later.reuse
+        assert later.status == 200 and later.text
+        _until(lambda: _choice(r)["mix"]["recomputed"] >= 1, f"no recompute counted: {_choice(r)}")
+        assert _choice(r)["basis"]["model"] >= 1
+        again = convs[2].turn(f"{MORE} c")  # the next turn of it is warm all the same
+        assert again.status == 200 and again.outcome in ("hit", "miss"), again.reuse
+        assert corrupt(pd.prefill, pd.decode) == 0
