@@ -6,7 +6,7 @@ from __future__ import annotations
 from pdctl import prefix_check
 from pdctl.router.turn import choices
 from pdctl.router.turn.cost import NEVER_READ, Speeds, Turn, break_even, choose, through_prefill
-from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Rates
+from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Line, Rates
 from pdctl.router.turn.verify import Verdict, at_prefill, hit_params
 from pdctl.router.upstream.pools import Upstream
 from pdctl.router.wire import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
@@ -14,9 +14,15 @@ from pdctl.router.wire import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NO
 FLOOR = 256  # router.min_read_tokens
 SLO = 200.0  # router.itl_slo_ms
 CAP = 4096  # router.local_prefill_tokens
+
+
+def per_s(tokens_per_s: float, fixed_ms: float = 0.0) -> Line:
+    return Line(fixed_ms, 1000 / tokens_per_s)
+
+
 # An H200-like pair: the prefill computes 8k tokens/s, the decode as fast; reads at 200k tokens/s, pulls at 400k;
 # a decode step of 20 ms.
-FAST = Speeds(prefill=8000.0, local=8000.0, read=200_000.0, pull=400_000.0, step_ms=20.0)
+FAST = Speeds(prefill=per_s(8000), local=per_s(8000), read=per_s(200_000), pull=per_s(400_000), step_ms=20.0)
 
 
 def turn(held: int, missing: int, streams: int = 0, decode_queued: int = 0, prefill_queued: int = 0) -> Turn:
@@ -68,32 +74,42 @@ def test_a_cache_holding_part_of_the_history_reads_that_part() -> None:
 
 
 def test_a_read_slower_than_recompute_is_not_made() -> None:
-    slow_link = Speeds(prefill=8000.0, local=None, read=4000.0, pull=400_000.0, step_ms=20.0)
-    assert break_even(8000.0, 4000.0, FLOOR) == (NEVER_READ, "model")
+    slow_link = Speeds(prefill=per_s(8000), local=None, read=per_s(4000), pull=per_s(400_000), step_ms=20.0)
+    assert break_even(per_s(8000), per_s(4000), FLOOR) == (NEVER_READ, "model")
     c = through_prefill(turn(12_000, 100), slow_link, FLOOR)
     assert (c.source, c.min_read) == (RECOMPUTED, NEVER_READ)
 
 
 def test_a_short_history_on_a_link_barely_faster_than_compute_is_recomputed() -> None:
     # The read saves 1/8000 - 1/10000 s a token against a fixed cost of 256 tokens of compute: worth it from 1281.
-    min_read, basis = break_even(8000.0, 10_000.0, FLOOR)
+    min_read, basis = break_even(per_s(8000), per_s(10_000), FLOOR)
     assert (min_read, basis) == (1281, "model")
-    link = Speeds(prefill=8000.0, local=None, read=10_000.0, pull=400_000.0, step_ms=None)
+    link = Speeds(prefill=per_s(8000), local=None, read=per_s(10_000), pull=per_s(400_000), step_ms=None)
     assert through_prefill(turn(1000, 50), link, FLOOR).source == RECOMPUTED
     assert through_prefill(turn(2000, 50), link, FLOOR).source == DECODE_READ
     # A fast link reads from the floor up; the floor still holds for shorter histories.
-    assert break_even(8000.0, 10_000_000.0, FLOOR)[0] == FLOOR + 1
-    assert break_even(8000.0, 10_000.0, 0) == (0, "default")  # min_read_tokens 0: always read
+    assert break_even(per_s(8000), per_s(10_000_000), FLOOR)[0] == FLOOR + 1
+    assert break_even(per_s(8000), per_s(10_000), 0) == (0, "default")  # min_read_tokens 0: always read
+
+
+def test_a_read_with_a_measured_fixed_cost_is_made_for_long_histories_only() -> None:
+    # A slow handshake (300 ms) on a fast link: worth it from 300 / (0.125 - 0.005) = 2500 tokens on.
+    link = Speeds(prefill=per_s(8000), local=None, read=per_s(200_000, 300.0), pull=per_s(400_000), step_ms=None)
+    assert break_even(link.prefill, link.read, FLOOR) == (2501, "model")
+    assert through_prefill(turn(1000, 50), link, FLOOR).source == RECOMPUTED
+    long = through_prefill(turn(16_000, 50), link, FLOOR)
+    assert long.source == DECODE_READ
+    assert long.ttft_ms is not None and long.ttft_ms < 16_050 / 8  # reading beats computing 16k tokens
 
 
 def test_rates_not_yet_measured_fall_back_to_the_rule_before_the_model() -> None:
     unknown = Speeds(None, None, None, None, None)
     c = choose(turn(8000, 200, streams=50), unknown, FLOOR, SLO, CAP)
     assert (c.basis, c.min_read, c.ttft_ms) == ("default", FLOOR, None)  # the caller applies local_policy load
-    no_local = Speeds(8000.0, None, 200_000.0, 400_000.0, 20.0)
+    no_local = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
     assert choose(turn(8000, 200), no_local, FLOOR, SLO, CAP).basis == "default"
-    no_read = Speeds(8000.0, 8000.0, None, 400_000.0, 20.0)
-    assert break_even(8000.0, None, FLOOR) == (FLOOR, "default")
+    no_read = Speeds(per_s(8000), per_s(8000), None, per_s(400_000), 20.0)
+    assert break_even(per_s(8000), None, FLOOR) == (FLOOR, "default")
     assert choose(turn(8000, 200), no_read, FLOOR, SLO, CAP).basis == "model"  # placement needs no read rate
 
 
@@ -102,14 +118,24 @@ def test_a_rate_counts_after_its_samples_and_until_it_goes_stale() -> None:
     rates = Rates(lambda: now[0])
     for _ in range(MIN_SAMPLES - 1):
         rates.computed("http://p", 0, 4000, 4000, 0.5)
-    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) is None
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) is None
     rates.computed("http://p", 0, 4000, 4000, 0.5)
-    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) == 8000.0
-    assert rates.engine("http://p", 0).compute_rate(60_000, now[0]) == 8000.0  # the nearest measured context
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == per_s(8000)  # one size: no fixed part
+    assert rates.engine("http://p", 0).compute_line(60_000, now[0]) == per_s(8000)  # the nearest measured context
     rates.computed("http://p", 0, 4000, 8, 0.001)  # too few tokens to say anything about a rate
-    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) == 8000.0
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == per_s(8000)
     now[0] += STALE_S + 1
-    assert rates.engine("http://p", 0).compute_rate(4000, now[0]) is None
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) is None
+
+
+def test_sizes_that_spread_give_the_fixed_part_and_the_speed() -> None:
+    rates = Rates(lambda: 1.0)
+    rates.computed("http://p", 0, 1500, 1000, 0.150)  # 25 ms of overhead + 0.125 ms a token
+    rates.computed("http://p", 0, 1500, 4000, 0.525)
+    line = rates.engine("http://p", 0).compute_line(1500, 1.0)
+    assert line is not None
+    assert (round(line.fixed_ms, 6), round(line.per_token_ms, 6)) == (25.0, 0.125)
+    assert round(line.tokens_per_s) == 8000
 
 
 def test_a_restarted_decode_starts_from_no_rates() -> None:
@@ -145,7 +171,7 @@ def test_the_step_time_is_read_at_the_streams_in_flight() -> None:
 def test_the_break_even_travels_to_the_prefill_with_the_handle() -> None:
     spec = prefix_check.spec(list(range(512)), 512, 16, True, FLOOR)
     pending = at_prefill({"remote_num_tokens": 512, "remote_block_ids": list(range(32))}, spec)
-    never = through_prefill(turn(512, 50), Speeds(8000.0, None, 4000.0, 400_000.0, None), FLOOR)
+    never = through_prefill(turn(512, 50), Speeds(per_s(8000), None, per_s(4000), per_s(400_000), None), FLOOR)
     sent = choices.with_min_read(pending, never, FLOOR)
     assert sent.params[prefix_check.FIELD]["min_read"] == NEVER_READ
     assert pending.params[prefix_check.FIELD]["min_read"] == FLOOR  # the handle's own spec is untouched

@@ -41,12 +41,12 @@ REFUSALS = ("itl", "slower", "cap")
 def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: int, streams: int) -> Speeds:
     """The rates for a turn at `context` tokens on this pair, the decode's step at `streams` + 1 (O(1))."""
     now = rates.clock()
-    p = rates.engine(prefill.url, prefill.generation).compute_rate(context, now)
+    p = rates.engine(prefill.url, prefill.generation).compute_line(context, now)
     if decode is None:
         return Speeds(p, None, None, None, None)
     d = rates.engine(decode.url, decode.generation)
-    return Speeds(p, d.compute_rate(context, now), rates.pair_rate(D_TO_P, decode.url, prefill.url),
-                  rates.pair_rate(P_TO_D, prefill.url, decode.url), d.step_ms(streams + 1, now))
+    return Speeds(p, d.compute_line(context, now), rates.pair_line(D_TO_P, decode.url, prefill.url),
+                  rates.pair_line(P_TO_D, prefill.url, decode.url), d.step_ms(streams + 1, now))
 
 
 def local(rates: Rates, decode: Upstream, prefill: Upstream, held: int, missing: int, floor: int, slo_ms: float,

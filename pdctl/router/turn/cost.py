@@ -1,26 +1,26 @@
 """The per-turn cost model: which source a warm turn's KV comes from, by its predicted cost (docs/router.md, "The
 KV source of a warm turn").
 
-For a warm turn whose decode holds `held` tokens of the prompt and lacks `missing`, from the rates the router
-measures (rates.py) and the load it has in flight on each engine:
+For a warm turn whose decode holds `held` tokens of the prompt and lacks `missing`, from the costs the router
+measures (rates.py: each a line, fixed ms + ms a token) and the load it has in flight on each engine:
 
-    decode_cache  the decode alone: TTFT = (its queued prompt tokens + missing) / its local rate + a step; its
-                  prefill is one stall of missing / local rate in every other stream on that decode, whose step
-                  (their ITL) becomes step + stall: refused when that breaks router.itl_slo_ms
-    decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = (the prefill's queued
-                  tokens + missing) / its rate + a read's fixed cost + held / the pair's read rate + the pull of
-                  the prompt's KV (P->D) + a step; no stall for the decode's streams
-    recomputed    the same, computing `held` at the prefill's rate instead of reading it
-    prefill_cache the prefill's own prefix cache: the router cannot see it, the prefill can, so the prefill takes
-                  it whenever it holds the history (pdctl.prefix_check); the prediction assumes it does not
+    decode_cache  the decode alone: TTFT = local(its queued prompt tokens + missing) + a step. Its prefill is a
+                  stall of missing x the local ms a token in every other stream on that decode, whose step (their
+                  ITL) becomes step + stall: refused when that breaks router.itl_slo_ms
+    decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = prefill(its queued tokens
+                  + missing) + read(held) + pull(held + missing) (P->D) + a step; no stall for the decode's streams
+    recomputed    the same, computing `held` at the prefill instead of reading it
+    prefill_cache the prefill's own prefix cache: the router cannot see it, the prefill can, and takes it whenever
+                  it holds the history (pdctl.prefix_check); the prediction assumes it does not
 
 It picks the least TTFT plus stall to the other streams (their count x the stall) among the sources within the
 ITL budget. Between a read and a recompute the choice is the read's break-even (`min_read`): the fewest tokens
-beyond the prefill's own cache worth reading, given to the prefill with the handle; a link no faster than the
-prefill's compute never reads. router.min_read_tokens is the read's fixed cost in tokens of compute (and the
-floor of the break-even; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
+beyond the prefill's own cache worth reading, given to the prefill with the handle: a link no faster a token
+than the prefill's compute never reads; else from the read's fixed cost over what it saves a token.
+router.min_read_tokens is the floor of the break-even (and, where the read's fixed cost is not measured, that
+cost in tokens of compute; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
 
-Until the rates it needs are measured (and again once they go stale) the model is not used: the turn is placed
+Until the costs it needs are measured (and again once they go stale) the model is not used: the turn is placed
 by the `load` policy and reads past min_read_tokens, the behaviour before the model (`basis` "default"). A wrong
 estimate costs time, never correctness: every source serves the same verified KV.
 """
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pdctl.router.reasons import DECODE_CACHE, DECODE_READ, RECOMPUTED
+from pdctl.router.turn.rates import Line
 
 NEVER_READ = 1 << 30  # a break-even no history reaches: the link is no faster than recompute
 Basis = Literal["model", "default"]
@@ -50,14 +51,14 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Speeds:
-    """The measured rates a turn's prediction takes (None: not measured): tokens/s of the prefill at this
-    context, of the decode computing a local prompt, of the D->P read and of the P->D pull on this pair; the
-    decode's step (ms) with one stream more than it has."""
+    """The measured costs a turn's prediction takes (None: not measured): the prefill's compute at this context,
+    the decode's computing a local prompt, the D->P read and the P->D pull on this pair; the decode's step (ms)
+    with one stream more than it has."""
 
-    prefill: float | None
-    local: float | None
-    read: float | None
-    pull: float | None
+    prefill: Line | None
+    local: Line | None
+    read: Line | None
+    pull: Line | None
     step_ms: float | None
 
 
@@ -74,16 +75,19 @@ class Choice:
     refused: str | None = None  # "itl": it would break the ITL budget; "slower": a prefill is cheaper; "cap"
 
 
-def break_even(prefill: float | None, read: float | None, floor: int) -> tuple[int, Basis]:
-    """The fewest tokens worth reading from the decode rather than computing. A read's fixed cost is `floor`
-    tokens of compute; it saves 1/prefill - 1/read seconds a token. floor 0: always read (the operator's call)."""
+def break_even(prefill: Line | None, read: Line | None, floor: int) -> tuple[int, Basis]:
+    """The fewest tokens worth reading from the decode rather than computing: the read's fixed cost over what it
+    saves a token (without a measured fixed cost: `floor` tokens of compute), at least `floor`. floor 0: always
+    read (the operator's call)."""
     if floor <= 0:
         return 0, "default"
     if prefill is None or read is None:
         return floor, "default"
-    if read <= prefill:
+    saved = prefill.per_token_ms - read.per_token_ms
+    if saved <= 0:
         return NEVER_READ, "model"
-    return max(floor, int(floor / (1 - prefill / read)) + 1), "model"
+    fixed = read.fixed_ms if read.fixed_ms > 0 else floor * prefill.per_token_ms
+    return min(NEVER_READ, max(floor, int(fixed / saved) + 1)), "model"
 
 
 def through_prefill(t: Turn, s: Speeds, floor: int) -> Choice:
@@ -95,30 +99,32 @@ def through_prefill(t: Turn, s: Speeds, floor: int) -> Choice:
 
 
 def _prefill_ttft(t: Turn, s: Speeds, floor: int, source: str) -> float | None:
-    if not s.prefill or not s.pull:
+    if s.prefill is None or s.pull is None:
         return None
-    compute = t.prefill_queued + t.missing
-    if source == DECODE_READ:
-        history_ms = (floor / s.prefill + t.held / s.read) * 1000 if s.read else t.held / s.prefill * 1000
-    else:
-        compute += t.held
+    computed = t.prefill_queued + t.missing
+    if source != DECODE_READ:
         history_ms = 0.0
-    return compute / s.prefill * 1000 + history_ms + (t.held + t.missing) / s.pull * 1000 + (s.step_ms or 0.0)
+        computed += t.held
+    elif s.read is not None:
+        history_ms = s.read.ms(t.held)
+    else:  # a read of unmeasured cost: the floor's fixed cost and the prefill's own speed, no better
+        history_ms = (floor + t.held) * s.prefill.per_token_ms
+    return s.prefill.ms(computed) + history_ms + s.pull.ms(t.held + t.missing) + (s.step_ms or 0.0)
 
 
 def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) -> Choice:
     """The cheapest source within the ITL budget, the decode alone among them when it lacks at most `local_cap`
-    tokens. basis "default" (a rate it needs not measured): the caller places the turn as before the model."""
+    tokens. basis "default" (a cost it needs not measured): the caller places the turn as before the model."""
     via = through_prefill(t, s, floor)
     if t.missing > local_cap:
         return _refused(via, "cap")
-    if not s.local or via.ttft_ms is None:
+    if s.local is None or via.ttft_ms is None:
         return Choice(via.source, None, 0.0, "default", via.min_read)
-    stall = t.missing / s.local * 1000
+    stall = t.missing * s.local.per_token_ms
     step = s.step_ms or 0.0
     if t.streams > 0 and step + stall > itl_slo_ms:
         return _refused(via, "itl")
-    local_ttft = (t.decode_queued + t.missing) / s.local * 1000 + step
+    local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
     if local_ttft + others <= via.ttft_ms:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)

@@ -41,9 +41,9 @@ def prefill_hop(state: RouterState, p: Upstream, holder: str, context: int, ahea
     if read <= 0:
         rates.computed(p.url, p.generation, context, ahead + computed, seconds)
         return
-    rate = rates.engine(p.url, p.generation).compute_rate(context, rates.clock())
-    if rate and holder:
-        rates.moved(D_TO_P, holder, p.url, read, seconds - (ahead + computed) / rate)
+    compute = rates.engine(p.url, p.generation).compute_line(context, rates.clock())
+    if compute is not None and holder:
+        rates.moved(D_TO_P, holder, p.url, read, seconds - compute.ms(ahead + computed) / 1000)
 
 
 def pulled(state: RouterState, ctx: RequestContext, p: Upstream | None, d: Upstream | None,

@@ -1,21 +1,24 @@
 """The rates the cost model (cost.py) predicts with, measured online by the router from what it already sees of
 each turn; bounded memory (a few numbers per engine and per engine pair), O(1) per update and per lookup.
 
-    prefill   tokens/s a prefill computes in a hop, by the prompt's context length (CONTEXT_BUCKETS): the tokens it
-              computed plus those queued ahead of it there, over the hop's wall time, on hops that read nothing
-    local     tokens/s a decode computes a local turn's prompt at (its tokens plus those queued ahead, over the
-              decode's time to first byte, less one step)
-    d_to_p    tokens/s a prefill reads a decode's KV at (per decode/prefill pair): the tokens read over what the
-              hop took beyond its compute at the prefill's rate
-    p_to_d    tokens/s a decode pulls a prefill's KV at (per prefill/decode pair): the tokens offered over the
-              decode's time to first byte less one step
+Each cost is a line, time = fixed + tokens x per-token (`Line`), fitted by exponentially weighted least squares
+over the samples (`Fit`): the fixed part is the hop's own overhead (HTTP, scheduling, a read's handshake and the
+wait for its completion), the per-token part the engine's or the link's speed.
+
+    prefill   a prefill hop that read nothing, by the prompt's context length (CONTEXT_BUCKETS): its time against
+              the tokens it computed plus those queued ahead of them there
+    local     a local turn: the decode's time to first byte less one step, against its new tokens plus those queued
+              ahead of them there
+    d_to_p    a prefill hop that read from the decode (per decode/prefill pair): what the hop took beyond its
+              compute (the prefill's line), against the tokens read
+    p_to_d    a pull (per prefill/decode pair): the decode's time to first byte less one step, against the tokens
+              the prefill offered
     step      ms per output token of a decode's streams, by the streams in flight there (STREAM_BUCKETS): a
               relayed stream's (last - first byte) / (tokens - 1), its ITL as the router sees it
 
-Each is an exponentially weighted mean (ALPHA) that counts once it has MIN_SAMPLES samples and stops counting
-STALE_S after its last one (the model then falls back to its safe default, which runs turns that measure it
-again). A decode or prefill that restarted (a new generation in its pool) starts from nothing: its rates and its
-pairs' are dropped.
+Each counts once it has MIN_SAMPLES samples and stops counting STALE_S after its last one (the model then falls
+back to its safe default, which runs turns that measure it again). A decode or prefill that restarted (a new
+generation in its pool) starts from nothing: its rates and its pairs' are dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +33,55 @@ STALE_S = 120.0
 CONTEXT_BUCKETS = (2048, 8192, 32768)  # bucket i: context <= CONTEXT_BUCKETS[i]; the last: longer
 STREAM_BUCKETS = 7  # 1, 2-3, 4-7, ..., 64+ streams in flight
 MIN_TOKENS = 32  # fewer tokens in a sample say more about the fixed costs than about a rate
+SPREAD = 0.25  # a fixed part is fitted once the sizes seen spread at least this much (std / mean)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A cost in ms: fixed + tokens x per_token."""
+
+    fixed_ms: float
+    per_token_ms: float
+
+    def ms(self, tokens: float) -> float:
+        return self.fixed_ms + tokens * self.per_token_ms
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000 / self.per_token_ms if self.per_token_ms > 0 else float("inf")
+
+
+class Fit:
+    """Exponentially weighted least squares of ms against tokens: the first samples weigh alike, then ALPHA. Too
+    little spread in the sizes seen (or a line that would run below the origin) gives the line through the origin:
+    the mean ms per token, no fixed part."""
+
+    __slots__ = ("at", "mx", "mxx", "mxy", "my", "n")
+
+    def __init__(self) -> None:
+        self.mx = self.my = self.mxx = self.mxy = self.at = 0.0
+        self.n = 0
+
+    def add(self, tokens: float, ms: float, now: float) -> None:
+        self.n += 1
+        a = max(ALPHA, 1 / self.n)
+        self.mx += a * (tokens - self.mx)
+        self.my += a * (ms - self.my)
+        self.mxx += a * (tokens * tokens - self.mxx)
+        self.mxy += a * (tokens * ms - self.mxy)
+        self.at = now
+
+    def line(self, now: float) -> Line | None:
+        """The fitted cost, or None while it is not measured (too few samples, or stale)."""
+        if self.n < MIN_SAMPLES or now - self.at > STALE_S or self.mx <= 0:
+            return None
+        var = self.mxx - self.mx * self.mx
+        if var > (SPREAD * self.mx) ** 2:
+            slope = (self.mxy - self.mx * self.my) / var
+            fixed = self.my - slope * self.mx
+            if slope > 0 and fixed >= 0:
+                return Line(fixed, slope)
+        return Line(0.0, self.my / self.mx)
 
 
 class Ewma:
@@ -68,19 +120,19 @@ class EngineRates:
     """One engine's rates, for one of its generations (incarnations)."""
 
     generation: int
-    compute: list[Ewma] = field(default_factory=lambda: [Ewma() for _ in range(len(CONTEXT_BUCKETS) + 1)])
+    compute: list[Fit] = field(default_factory=lambda: [Fit() for _ in range(len(CONTEXT_BUCKETS) + 1)])
     step: list[Ewma] = field(default_factory=lambda: [Ewma() for _ in range(STREAM_BUCKETS)])
 
-    def compute_rate(self, context: int, now: float) -> float | None:
-        """Tokens/s at this context length: its own bucket, else the nearest measured one."""
+    def compute_line(self, context: int, now: float) -> Line | None:
+        """Its compute cost at this context length: its own bucket's, else the nearest measured one's."""
         b = context_bucket(context)
-        own = self.compute[b].get(now)
+        own = self.compute[b].line(now)
         if own is not None:
             return own
         for d in range(1, len(self.compute)):
             for i in (b - d, b + d):
                 if 0 <= i < len(self.compute):
-                    v = self.compute[i].get(now)
+                    v = self.compute[i].line(now)
                     if v is not None:
                         return v
         return None
@@ -106,34 +158,35 @@ class Rates:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._engines: dict[str, EngineRates] = {}
-        self._pairs: dict[tuple[str, str, str], Ewma] = {}  # (direction, from url, to url)
+        self._pairs: dict[tuple[str, str, str], Fit] = {}  # (direction, from url, to url)
 
     def engine(self, url: str, generation: int) -> EngineRates:
-        """The engine's rates for this generation: a new generation (a restart) starts from nothing."""
+        """The engine's rates for this generation: a new generation (a restart) starts from nothing, its pairs too."""
         e = self._engines.get(url)
-        if e is None or e.generation != generation:
+        if e is None:
             e = self._engines[url] = EngineRates(generation)
-            if self._pairs:
-                for key in [k for k in self._pairs if url in (k[1], k[2])]:
-                    del self._pairs[key]
+        elif e.generation != generation:
+            e = self._engines[url] = EngineRates(generation)
+            for key in [k for k in self._pairs if url in (k[1], k[2])]:
+                del self._pairs[key]
         return e
 
-    def pair(self, direction: str, src: str, dst: str) -> Ewma:
+    def pair(self, direction: str, src: str, dst: str) -> Fit:
         key = (direction, src, dst)
         e = self._pairs.get(key)
         if e is None:
-            e = self._pairs[key] = Ewma()
+            e = self._pairs[key] = Fit()
         return e
 
-    def pair_rate(self, direction: str, src: str, dst: str) -> float | None:
+    def pair_line(self, direction: str, src: str, dst: str) -> Line | None:
         e = self._pairs.get((direction, src, dst))
-        return e.get(self.clock()) if e is not None else None
+        return e.line(self.clock()) if e is not None else None
 
-    # Samples: each a division and an EWMA step; nothing is allocated past an engine's or a pair's first.
+    # Samples: a few multiplications each; nothing is allocated past an engine's or a pair's first.
 
     def computed(self, url: str, generation: int, context: int, tokens: int, seconds: float) -> None:
         if tokens >= MIN_TOKENS and seconds > 0:
-            self.engine(url, generation).compute[context_bucket(context)].add(tokens / seconds, self.clock())
+            self.engine(url, generation).compute[context_bucket(context)].add(tokens, seconds * 1000, self.clock())
 
     def stepped(self, url: str, generation: int, streams: int, ms: float) -> None:
         if ms > 0:
@@ -141,7 +194,7 @@ class Rates:
 
     def moved(self, direction: str, src: str, dst: str, tokens: int, seconds: float) -> None:
         if tokens >= MIN_TOKENS and seconds > 0:
-            self.pair(direction, src, dst).add(tokens / seconds, self.clock())
+            self.pair(direction, src, dst).add(tokens, seconds * 1000, self.clock())
 
     def forget(self, url: str) -> None:
         """An engine gone from the pools: its rates and its pairs' go too."""
@@ -154,12 +207,14 @@ class Rates:
         now = self.clock()
         engines: dict[str, object] = {}
         for url, e in self._engines.items():
-            compute = {_context_label(i): round(v, 1) for i, w in enumerate(e.compute)
-                       if (v := w.get(now)) is not None}
-            step = {_stream_label(i): round(v, 2) for i, w in enumerate(e.step) if (v := w.get(now)) is not None}
-            engines[url] = {"generation": e.generation, "tokens_per_s": compute, "step_ms": step}
-        pairs = [{"direction": d, "from": s, "to": t, "tokens_per_s": round(v, 1)}
-                 for (d, s, t), w in self._pairs.items() if (v := w.get(now)) is not None]
+            lines = [(_context_label(i), v) for i, w in enumerate(e.compute) if (v := w.line(now)) is not None]
+            step = {_stream_label(i): round(ms, 2) for i, w in enumerate(e.step) if (ms := w.get(now)) is not None}
+            engines[url] = {"generation": e.generation,
+                            "tokens_per_s": {b: round(v.tokens_per_s, 1) for b, v in lines},
+                            "fixed_ms": {b: round(v.fixed_ms, 2) for b, v in lines}, "step_ms": step}
+        pairs = [{"direction": d, "from": s, "to": t, "tokens_per_s": round(v.tokens_per_s, 1),
+                  "fixed_ms": round(v.fixed_ms, 2)}
+                 for (d, s, t), w in self._pairs.items() if (v := w.line(now)) is not None]
         return {"engines": engines, "links": pairs}
 
     def gauges(self) -> list[tuple[str, str, str, float]]:
@@ -167,11 +222,12 @@ class Rates:
         now = self.clock()
         out: list[tuple[str, str, str, float]] = []
         for url, e in self._engines.items():
-            out += [("compute", url, _context_label(i), v) for i, w in enumerate(e.compute)
-                    if (v := w.get(now)) is not None]
-            out += [("step_ms", url, _stream_label(i), v) for i, w in enumerate(e.step)
-                    if (v := w.get(now)) is not None]
-        out += [(d, f"{s} {t}", "", v) for (d, s, t), w in self._pairs.items() if (v := w.get(now)) is not None]
+            out += [("compute", url, _context_label(i), v.tokens_per_s) for i, w in enumerate(e.compute)
+                    if (v := w.line(now)) is not None]
+            out += [("step_ms", url, _stream_label(i), ms) for i, w in enumerate(e.step)
+                    if (ms := w.get(now)) is not None]
+        out += [(d, f"{s} {t}", "", v.tokens_per_s) for (d, s, t), w in self._pairs.items()
+                if (v := w.line(now)) is not None]
         return out
 
 
