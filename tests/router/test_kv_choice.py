@@ -1,7 +1,7 @@
 """The cost model end to end (router process, simulated engines on loopback): the rule before it until its rates
 are measured, then the decode alone on an idle decode, the prefill when the decode's step would break the ITL
-budget, recompute where the read link is slower than compute; every choice in /stats and /metrics; the
-simulator's integrity oracle at 0 throughout."""
+budget, recompute where the read link is slower than compute, the rule before it again for a restarted decode;
+every choice in /stats and /metrics; the simulator's integrity oracle at 0 throughout."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import httpx
 
 from pdctl.router.documents import RouterStats
 from tests.router.conftest import RouterProc, corrupt, router_process
+from tests.router.faults import kill
 from tests.router.talk import Conversation
-from tests.support.sim_procs import sim_pair
+from tests.support.sim_procs import sim_pair, start_sim
 
 TEXT = " ".join(f"w{i}" for i in range(120))  # a first turn of ~120 tokens
 MORE = " ".join(f"m{i}" for i in range(60))  # a warm turn's new text: over the rates' 32-token minimum
@@ -116,3 +117,37 @@ def test_a_read_slower_than_recompute_is_recomputed(tmp_path: Path) -> None:
         again = convs[2].turn(f"{MORE} c")  # the next turn of it is warm all the same
         assert again.status == 200 and again.outcome in ("hit", "miss"), again.reuse
         assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_restarted_decode_starts_again_from_the_rule_before_the_model(tmp_path: Path) -> None:
+    with (
+        sim_pair(tmp_path, speed=5, threshold=0) as pd,
+        router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096") as r,
+    ):
+        convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
+        for c in convs:
+            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+        for i in range(10):
+            if _choice(r)["basis"]["model"]:
+                break
+            assert convs[i % 2].turn(f"{MORE} a{i}").status == 200
+        assert _choice(r)["basis"]["model"], "the model never chose: its rates were not measured"
+        before = _choice(r)["rates"]["engines"][pd.decode_url]
+        assert before["tokens_per_s"], before
+
+        kill(pd.decode)  # and a new one on the same ports: a new engine id, none of the old KV
+        decode = start_sim(tmp_path, "decode", name="decode-again", port=pd.decode.port,
+                           side_port=pd.decode.side_port, speed=5)
+        try:
+            gone = convs[0].turn(f"{MORE} b")
+            assert (gone.outcome, gone.reason) == ("miss", "decode_restarted"), gone.reuse
+            after = _choice(r)["rates"]["engines"][pd.decode_url]
+            assert after["generation"] > before["generation"] and not after["tokens_per_s"], after
+            model, default = _choice(r)["basis"]["model"], _choice(r)["basis"]["default"]
+            warm = convs[0].turn(f"{MORE} c")  # nothing measured of the new process: the rule before the model
+            assert (warm.outcome, warm.reason) == ("hit", "decode_local"), warm.reuse
+            _until(lambda: _choice(r)["basis"]["default"] > default, f"no default choice counted: {_choice(r)}")
+            assert _choice(r)["basis"]["model"] == model
+            assert corrupt(pd.prefill, decode) == 0
+        finally:
+            decode.stop()

@@ -163,6 +163,12 @@ def test_one_trace_per_turn_with_the_stage_spans_under_the_clients_span(
             assert reuse.outcome == "hit", reuse
             assert by_name["kv.read d->p"]["parentSpanId"] == by_name["prefill"]["spanId"]
             assert _attrs(by_name["kv.read d->p"])["pdctl.kv.tokens"] == reuse.tokens > 0
+            # the cost model's choice for the warm turn (the router's test default: read whatever it lacks)
+            assert (a["pdctl.kv.choice"], a["pdctl.kv.choice.min_read"]) == ("decode_read", 0), a
+            assert a["pdctl.kv.choice.basis"] in ("model", "default")
+            assert ("pdctl.kv.choice.measured_ttft_ms" in a) == (i == 2)  # streamed turns only
+        if i == 0:
+            assert "pdctl.kv.choice" not in a  # a cold turn: nothing to choose
         if i == 3:
             assert (reuse.outcome, reuse.reason, reuse.block) == ("miss", "prefix_diverged", 0)
             assert a["pdctl.kv.diverged_block"] == 0 and "first differing block 0" in a["pdctl.kv.explanation"]
