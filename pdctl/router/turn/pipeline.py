@@ -144,7 +144,9 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
         return False
     state.metrics.reuse_outcome("hit", wire.DECODE_LOCAL, here.held, True)
     state.metrics.local_turn()
-    measure.local_turn(state, ctx, here.decode, here.held + here.missing, ahead, here.missing)
+    prompt = res.capture.prompt_ids if res.capture is not None else None  # exact, where the estimate bounds
+    missing = len(prompt) - here.held if prompt else here.missing
+    measure.local_turn(state, ctx, here.decode, here.held + missing, ahead, missing)
     measure.chosen(state, ctx)
     if ctx.trace is not None:
         ctx.trace.outcome(reuse, ctx.conversation)

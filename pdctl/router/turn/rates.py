@@ -56,11 +56,12 @@ class Fit:
     little spread in the sizes seen (or a line that would run below the origin) gives the line through the origin:
     the mean ms per token, no fixed part."""
 
-    __slots__ = ("at", "mx", "mxx", "mxy", "my", "n")
+    __slots__ = ("_line", "at", "mx", "mxx", "mxy", "my", "n")
 
     def __init__(self) -> None:
         self.mx = self.my = self.mxx = self.mxy = self.at = 0.0
         self.n = 0
+        self._line: Line | None = None
 
     def add(self, tokens: float, ms: float, now: float) -> None:
         self.n += 1
@@ -70,10 +71,10 @@ class Fit:
         self.mxx += a * (tokens * tokens - self.mxx)
         self.mxy += a * (tokens * ms - self.mxy)
         self.at = now
+        self._line = self._fit() if self.n >= MIN_SAMPLES else None
 
-    def line(self, now: float) -> Line | None:
-        """The fitted cost, or None while it is not measured (too few samples, or stale)."""
-        if self.n < MIN_SAMPLES or now - self.at > STALE_S or self.mx <= 0:
+    def _fit(self) -> Line | None:
+        if self.mx <= 0:
             return None
         var = self.mxx - self.mx * self.mx
         if var > (SPREAD * self.mx) ** 2:
@@ -82,6 +83,11 @@ class Fit:
             if slope > 0 and fixed >= 0:
                 return Line(fixed, slope)
         return Line(0.0, self.my / self.mx)
+
+    def line(self, now: float) -> Line | None:
+        """The fitted cost (refitted at each sample), or None while it is not measured (too few samples, or
+        stale)."""
+        return self._line if now - self.at <= STALE_S else None
 
 
 class Ewma:
