@@ -138,11 +138,27 @@ def test_local_prefill_reaches_the_router_and_needs_prefix_verification() -> Non
     assert router.argv[router.argv.index("--local-prefill-tokens") + 1] == "1024"
     with pytest.raises(TopologyError, match="local_prefill_tokens needs verify_prefix"):
         load(ROOT / "configs/local-sim.yaml", ["router.local_prefill_tokens=1024", "router.verify_prefix=false"])
-    assert "--local-policy" not in router.argv  # load, the router's default
+    assert "--local-policy" not in router.argv  # cost, the router's default
     sets = ["router.local_prefill_tokens=1024", "router.local_policy=load", "router.local_busy_streams=6"]
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", sets), SELF_PYTHON)
     i = router.argv.index("--local-policy")
     assert list(router.argv[i:i + 4]) == ["--local-policy", "load", "--local-busy-streams", "6"]
+
+
+def test_itl_slo_ms_reaches_the_router_where_it_differs_from_its_default() -> None:
+    from pdctl.errors import TopologyError
+    from pdctl.router.config import RouterConfig
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--itl-slo-ms" not in router.argv
+    assert RouterConfig(prefill=("http://p",), decode=("http://d",)).itl_slo_ms == 200.0
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=50"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--itl-slo-ms") + 1] == "50"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=50",
+                                                                "router.local_prefill_tokens=0"]), SELF_PYTHON)
+    assert "--itl-slo-ms" not in router.argv  # nothing runs on a decode alone: no budget to keep
+    with pytest.raises(TopologyError, match="itl_slo_ms"):
+        load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=0"])
 
 
 def test_conversation_headers_reach_the_router_in_order() -> None:

@@ -3,7 +3,11 @@ warm turn's KV comes from in each case, and the rates it predicts with."""
 
 from __future__ import annotations
 
+import pytest
+
 from pdctl import prefix_check
+from pdctl.errors import UsageError
+from pdctl.router.config import RouterConfig
 from pdctl.router.turn import choices
 from pdctl.router.turn.cost import NEVER_READ, Speeds, Turn, break_even, choose, through_prefill
 from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Line, Rates
@@ -185,3 +189,8 @@ def test_the_break_even_travels_to_the_prefill_with_the_handle() -> None:
     # A default choice changes nothing.
     default = through_prefill(turn(512, 50), Speeds(None, None, None, None, None), FLOOR)
     assert choices.with_min_read(pending, default, FLOOR) is pending
+
+
+def test_the_router_refuses_an_itl_budget_that_is_not_positive() -> None:
+    with pytest.raises(UsageError, match=r"--itl-slo-ms must be > 0, got 0"):
+        RouterConfig(prefill=("http://p",), decode=("http://d",), itl_slo_ms=0)
