@@ -51,6 +51,13 @@ def test_a_busy_decode_refuses_a_turn_whose_step_would_break_the_itl_budget() ->
     assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")
 
 
+def test_prompts_already_queued_on_the_decode_count_against_the_itl_budget() -> None:
+    # 100 new tokens stall 12.5 ms; 1400 tokens of other local turns not yet at their first token, 175 ms more.
+    c = choose(turn(8000, 100, streams=2, decode_queued=1400), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.refused) == (DECODE_READ, "itl")
+    assert choose(turn(8000, 100, streams=2, decode_queued=400), FAST, FLOOR, SLO, CAP).refused != "itl"
+
+
 def test_a_small_stall_on_a_lightly_loaded_decode_stays_local() -> None:
     c = choose(turn(8000, 100, streams=2), FAST, FLOOR, SLO, CAP)
     assert c.source == DECODE_CACHE
@@ -65,7 +72,9 @@ def test_local_prefill_tokens_caps_what_runs_on_the_decode() -> None:
 
 def test_a_decode_busy_with_queued_prompts_sends_the_turn_to_an_idle_prefill() -> None:
     c = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, SLO, CAP)
-    assert (c.source, c.refused) == (DECODE_READ, "slower")
+    assert (c.source, c.refused) == (DECODE_READ, "itl")  # 2.5 s of prompts to compute there first
+    relaxed = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, 10_000.0, CAP)
+    assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")  # within the budget, still slower
 
 
 def test_a_cache_holding_part_of_the_history_reads_that_part() -> None:

@@ -6,7 +6,8 @@ measures (rates.py: each a line, fixed ms + ms a token) and the load it has in f
 
     decode_cache  the decode alone: TTFT = local(its queued prompt tokens + missing) + a step. Its prefill is a
                   stall of missing x the local ms a token in every other stream on that decode, whose step (their
-                  ITL) becomes step + stall: refused when that breaks router.itl_slo_ms
+                  ITL) becomes step + that stall + the prompts already queued there: refused when that breaks
+                  router.itl_slo_ms
     decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = prefill(its queued tokens
                   + missing) + read(held) + pull(held + missing) (P->D) + a step; no stall for the decode's streams
     recomputed    the same, computing `held` at the prefill instead of reading it
@@ -122,7 +123,8 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
         return Choice(via.source, None, 0.0, "default", via.min_read)
     stall = t.missing * s.local.per_token_ms
     step = s.step_ms or 0.0
-    if t.streams > 0 and step + stall > itl_slo_ms:
+    # The prompts already queued on the decode (other local turns before their first token) share those steps.
+    if t.streams > 0 and step + stall + t.decode_queued * s.local.per_token_ms > itl_slo_ms:
         return _refused(via, "itl")
     local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
