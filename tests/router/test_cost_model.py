@@ -87,10 +87,19 @@ def test_a_cache_holding_part_of_the_history_reads_that_part() -> None:
 
 
 def test_a_read_slower_than_recompute_is_not_made() -> None:
-    slow_link = Speeds(prefill=per_s(8000), local=None, read=per_s(4000), pull=per_s(400_000), step_ms=20.0)
-    assert break_even(per_s(8000), per_s(4000), FLOOR) == (NEVER_READ, "model")
+    slow_link = Speeds(prefill=per_s(8000), local=None, read=per_s(4000, 1.0), pull=per_s(400_000), step_ms=20.0)
+    assert break_even(per_s(8000), per_s(4000, 1.0), FLOOR) == (NEVER_READ, "model")
     c = through_prefill(turn(12_000, 100), slow_link, FLOOR)
     assert (c.source, c.min_read) == (RECOMPUTED, NEVER_READ)
+
+
+def test_reads_slower_at_the_one_size_seen_are_tried_again_at_twice_that_size() -> None:
+    # Every read so far moved ~300 tokens and took longer than computing them: the fixed part is not known.
+    seen = Line(0.0, 0.5, around=300.0)
+    assert break_even(per_s(8000), seen, FLOOR) == (601, "model")
+    link = Speeds(prefill=per_s(8000), local=None, read=seen, pull=per_s(400_000), step_ms=None)
+    assert through_prefill(turn(300, 50), link, FLOOR).source == RECOMPUTED
+    assert through_prefill(turn(4000, 50), link, FLOOR).source == DECODE_READ
 
 
 def test_a_short_history_on_a_link_barely_faster_than_compute_is_recomputed() -> None:
@@ -133,10 +142,11 @@ def test_a_rate_counts_after_its_samples_and_until_it_goes_stale() -> None:
         rates.computed("http://p", 0, 4000, 4000, 0.5)
     assert rates.engine("http://p", 0).compute_line(4000, now[0]) is None
     rates.computed("http://p", 0, 4000, 4000, 0.5)
-    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == per_s(8000)  # one size: no fixed part
-    assert rates.engine("http://p", 0).compute_line(60_000, now[0]) == per_s(8000)  # the nearest measured context
+    one_size = Line(0.0, 0.125, around=4000.0)  # one size seen: no fixed part
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == one_size
+    assert rates.engine("http://p", 0).compute_line(60_000, now[0]) == one_size  # the nearest measured context
     rates.computed("http://p", 0, 4000, 8, 0.001)  # too few tokens to say anything about a rate
-    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == per_s(8000)
+    assert rates.engine("http://p", 0).compute_line(4000, now[0]) == one_size
     now[0] += STALE_S + 1
     assert rates.engine("http://p", 0).compute_line(4000, now[0]) is None
 
@@ -184,7 +194,8 @@ def test_the_step_time_is_read_at_the_streams_in_flight() -> None:
 def test_the_break_even_travels_to_the_prefill_with_the_handle() -> None:
     spec = prefix_check.spec(list(range(512)), 512, 16, True, FLOOR)
     pending = at_prefill({"remote_num_tokens": 512, "remote_block_ids": list(range(32))}, spec)
-    never = through_prefill(turn(512, 50), Speeds(per_s(8000), None, per_s(4000), per_s(400_000), None), FLOOR)
+    slow = Speeds(per_s(8000), None, per_s(4000, 1.0), per_s(400_000), None)
+    never = through_prefill(turn(512, 50), slow, FLOOR)
     sent = choices.with_min_read(pending, never, FLOOR)
     assert sent.params[prefix_check.FIELD]["min_read"] == NEVER_READ
     assert pending.params[prefix_check.FIELD]["min_read"] == FLOOR  # the handle's own spec is untouched

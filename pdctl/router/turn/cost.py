@@ -17,7 +17,9 @@ measures (rates.py: each a line, fixed ms + ms a token) and the load it has in f
 It picks the least TTFT plus stall to the other streams (their count x the stall) among the sources within the
 ITL budget. Between a read and a recompute the choice is the read's break-even (`min_read`): the fewest tokens
 beyond the prefill's own cache worth reading, given to the prefill with the handle: a link no faster a token
-than the prefill's compute never reads; else from the read's fixed cost over what it saves a token.
+than the prefill's compute never reads; else from the read's fixed cost over what it saves a token. Reads seen at
+one size only (no fixed part fitted yet) that were slower than compute move the break-even to twice that size, so
+longer histories still read and show whether the link's cost is its fixed part.
 router.min_read_tokens is the floor of the break-even (and, where the read's fixed cost is not measured, that
 cost in tokens of compute; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
 
@@ -86,6 +88,8 @@ def break_even(prefill: Line | None, read: Line | None, floor: int) -> tuple[int
         return floor, "default"
     saved = prefill.per_token_ms - read.per_token_ms
     if saved <= 0:
+        if read.around:  # slower at the one size seen, its fixed part unknown: try reads of twice that size
+            return max(floor, int(2 * read.around) + 1), "model"
         return NEVER_READ, "model"
     fixed = read.fixed_ms if read.fixed_ms > 0 else floor * prefill.per_token_ms
     return min(NEVER_READ, max(floor, int(fixed / saved) + 1)), "model"

@@ -38,10 +38,12 @@ SPREAD = 0.25  # a fixed part is fitted once the sizes seen spread at least this
 
 @dataclass(frozen=True, slots=True)
 class Line:
-    """A cost in ms: fixed + tokens x per_token."""
+    """A cost in ms: fixed + tokens x per_token. `around` > 0: the sizes seen did not spread, so the line is the
+    mean ms a token through the origin, known only around that many tokens (its fixed part is in the slope)."""
 
     fixed_ms: float
     per_token_ms: float
+    around: float = 0.0
 
     def ms(self, tokens: float) -> float:
         return self.fixed_ms + tokens * self.per_token_ms
@@ -82,7 +84,7 @@ class Fit:
             fixed = self.my - slope * self.mx
             if slope > 0 and fixed >= 0:
                 return Line(fixed, slope)
-        return Line(0.0, self.my / self.mx)
+        return Line(0.0, self.my / self.mx, self.mx)
 
     def line(self, now: float) -> Line | None:
         """The fitted cost (refitted at each sample), or None while it is not measured (too few samples, or
