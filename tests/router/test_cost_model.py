@@ -3,6 +3,8 @@ warm turn's KV comes from in each case, and the rates it predicts with."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pdctl import prefix_check
@@ -214,3 +216,15 @@ def test_the_break_even_travels_to_the_prefill_with_the_handle() -> None:
 def test_the_router_refuses_an_itl_budget_that_is_not_positive() -> None:
     with pytest.raises(UsageError, match=r"--itl-slo-ms must be > 0, got 0"):
         RouterConfig(prefill=("http://p",), decode=("http://d",), itl_slo_ms=0)
+
+
+def test_an_engine_that_left_takes_its_rates_and_its_pairs_with_it() -> None:
+    rates = Rates(lambda: 1.0)
+    for _ in range(MIN_SAMPLES):
+        rates.computed("http://p", 0, 4000, 4000, 0.5)
+        rates.moved(P_TO_D, "http://p", "http://d", 4000, 0.01)
+        rates.moved(D_TO_P, "http://d", "http://p2", 4000, 0.02)
+    rates.forget("http://p")
+    snap: Any = rates.snapshot()
+    assert "http://p" not in snap["engines"]
+    assert [(link["from"], link["to"]) for link in snap["links"]] == [("http://d", "http://p2")]

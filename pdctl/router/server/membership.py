@@ -95,6 +95,7 @@ class Membership:
                 if u.outstanding or (pool is s.decode and s.held().get(u.url)):
                     continue
                 pool.remove(u)
+                s.rates.forget(u.url)  # the cost model's rates of it and of its pairs (bounded by the members)
                 self.leaving.discard(u.url)
                 wire = self._wires.pop(u.url, None) if pool is s.decode else None
                 if wire is not None:
