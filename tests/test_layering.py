@@ -318,8 +318,8 @@ else:
 def f():
     from pdctl.remote.procs import kill_script, parse_ps
 """
-    found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.example", text)]
+    found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.hosts.example", text)]
     assert list(dict.fromkeys(found)) == [
-        ("pdctl.plan", 3), ("pdctl.router.turn.decode", 4), ("pdctl.router.turn", 4), ("pdctl.lifecycle.wait", 5),
+        ("pdctl.plan", 3), ("pdctl.router.turn.decode", 4), ("pdctl.router.turn", 4), ("pdctl.lifecycle.hosts.wait", 5),
         ("pdctl.errors", 9), ("pdctl.remote.procs", 11)]
     assert len(MODULES) > 100 and len(IMPORTS) > 300
