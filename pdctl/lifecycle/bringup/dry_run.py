@@ -1,7 +1,7 @@
 """`up --dry-run`: every change `up` would make, host by host, with nothing changed anywhere.
 
 `up`'s stages, each stopped before it changes something: connect (a host that does not answer is reported, as
-`status` does), what runs on the hosts against the state file (`up.decide`, the decision `up` itself takes), the
+`status` does), what runs on the hosts against the state file (`decision.decide`, the decision `up` itself takes), the
 preflight, the engine key file, and provisioning previewed operation by operation (`provision.preview`, which
 stops each operation at its first change). No lock is taken, no state file written, no process started.
 """
@@ -17,7 +17,8 @@ from rich.markup import escape
 
 from pdctl.errors import LaunchError
 from pdctl.lb_config import server_diff
-from pdctl.lifecycle.bringup.pipeline import UpOptions, decide, live_membership
+from pdctl.lifecycle.bringup.decision import decide, live_membership
+from pdctl.lifecycle.bringup.pipeline import UpOptions
 from pdctl.lifecycle.bringup.preflight import preflight
 from pdctl.lifecycle.bringup.provision import HostPreview, preview
 from pdctl.lifecycle.bringup.smoke import router_api_key

@@ -1,5 +1,21 @@
-"""`up`: plan -> connect -> what already runs -> preflight -> provision -> decodes, prefills -> health ->
-router -> health -> smoke test -> state. A second `up` on a running deployment verifies and changes nothing.
+"""`up`, read top to bottom in `_deploy`: each stage called in order, the plan and the decision the values the
+later stages take. A second `up` on a running deployment verifies and changes nothing.
+
+    lock          one `up` or `down` at a time per deployment                          hosts/lock.py
+    allocation    Slurm topologies: a running allocation, the nodes bound to it        hosts/slurm_job.py
+    plan          every process the topology asks for                                  pdctl/plan.py
+    connect       every node's transport, opened in parallel                           hosts/connect.py
+    restart       `--restart`: everything of the deployment stopped first              changes/stop.py
+    decide        per process: start, keep, replace in place, remove                   decision.py
+    preflight     reachable, ports free, GPUs present; the LB's binary; the engine key  preflight.py, hosts/
+    provision     every host brought to what its processes need                        provision.py
+    engines       decodes, then prefills, started and healthy                          hosts/launch.py, hosts/wait.py
+    transport     EFA topologies: the KV does not move over TCP                        nixl_check.py
+    router        its members file written, then started and healthy                   changes/live.py
+    balancer      the LB started, or reloaded with the routers as they run now          changes/lb.py, routers_live.py
+    live changes  engines replaced in place or removed (drained, then stopped)         changes/live.py
+    smoke test    two turns through the router; turn 2 must reuse decode's KV          smoke.py
+A launch that fails, a failed smoke test or Ctrl-C stops what this `up` started (what ran before it stays).
 """
 
 from __future__ import annotations
@@ -11,6 +27,7 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError, SmokeTestError
 from pdctl.lifecycle.bringup import nixl_check
+from pdctl.lifecycle.bringup.decision import decide_or_refuse
 from pdctl.lifecycle.bringup.preflight import preflight
 from pdctl.lifecycle.bringup.smoke import SmokeResult, router_api_key, smoke_test
 from pdctl.lifecycle.changes import lb as balancer
@@ -25,9 +42,8 @@ from pdctl.lifecycle.hosts.wait import HealthCheck, default_check, wait_healthy
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
-from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
-from pdctl.state import DeploymentState, ProcessRecord, StateStore, argv_hash
+from pdctl.state import DeploymentState, ProcessRecord, StateStore
 from pdctl.topology import Topology
 
 
@@ -84,7 +100,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             stop_all(topo, specs, hosts, state, console, stragglers=True)
             state = DeploymentState(name=topo.name, topology=topo.name, slurm=state.slurm)
         live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
-        decision = _decide(topo.name, specs, state, live, opts.restart and opts.rolling)
+        decision = decide_or_refuse(topo.name, specs, state, live, opts.restart and opts.rolling)
         to_start, kept = decision.start, decision.kept
         if to_start and not kept and topo.engine == "vllm":
             state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to
@@ -204,90 +220,6 @@ def _stop_started(
     stop_all(topo, [s for s in specs if s.name in started], hosts, state, console)
     for name in started:
         store.forget(state, name)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Per process of the plan, what `up` does: start it (not running), keep it (running, same argv), or
-    `changed`: running with another argv, or not recorded in the state file (`up` refuses; `--restart`).
-
-    Where the router takes live membership (its members file): a running engine with another argv is `replace`d
-    in place (drained, stopped, started), a router with other settings too (restarted), and an engine running but
-    no longer in the topology is `removed` (drained, then stopped); a router's new members restart nothing.
-    Behind a load balancer, a router no longer in the topology (`router.replicas` lowered) is in
-    `removed_routers`; the load balancer itself is never replaced (its reload is `routers_live.sync`'s)."""
-
-    start: list[ProcessSpec]
-    kept: list[str]
-    changed: list[str]
-    replace: list[ProcessSpec] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    removed_routers: list[str] = field(default_factory=list)  # behind the LB: drained there, reloaded out, stopped
-
-
-def live_membership(specs: Sequence[ProcessSpec]) -> bool:
-    """Whether the deployment's router reads a members file (so engines can come and go under it)."""
-    return any(s.role == "router" and "--members-file" in s.argv for s in specs)
-
-
-def decide(
-    specs: Sequence[ProcessSpec],
-    state: DeploymentState,
-    live: Mapping[str, dict[str, list[HostProcess]]],
-    rolling: bool = False,
-) -> Decision:
-    """Pure: `up`'s decision from the plan, the state file and what runs on the hosts (`--dry-run` shows it).
-    `rolling` (`--restart --rolling`): every running engine is replaced, one at a time; so are the routers where
-    a load balancer stands in front of several (each drained there first); the one router only where its settings
-    changed: with no second router its restart ends its requests. The load balancer itself is kept."""
-    decision = Decision([], [], [])
-    members = live_membership(specs)
-    behind_lb = any(s.role == "lb" for s in specs)
-    for spec in specs:
-        record = state.processes.get(spec.name)
-        if not live[spec.node].get(spec.name, []):
-            decision.start.append(spec)
-        elif record is not None and members and rolling and (spec.role in ("prefill", "decode") or
-                                                             (spec.role == "router" and behind_lb)):
-            decision.replace.append(spec)
-        elif record is not None and record.argv_hash == argv_hash(spec):
-            decision.kept.append(spec.name)
-        elif record is not None and members and spec.role != "lb":
-            decision.replace.append(spec)
-        else:
-            decision.changed.append(spec.name)
-    if members:
-        planned = {s.name for s in specs}
-        alive = sorted(name for name, r in state.processes.items()
-                       if name not in planned and live.get(r.node, {}).get(name))
-        decision.removed.extend(n for n in alive if state.processes[n].role in ("prefill", "decode"))
-        routers = [n for n in alive if state.processes[n].role == "router"]
-        if behind_lb and "router" not in routers:
-            decision.removed_routers.extend(routers)
-        else:  # one router <-> several behind a load balancer: both want router.port, no live path between them
-            decision.changed.extend(routers)
-    return decision
-
-
-def _decide(
-    deployment: str,
-    specs: Sequence[ProcessSpec],
-    state: DeploymentState,
-    live: Mapping[str, dict[str, list[HostProcess]]],
-    rolling: bool = False,
-) -> Decision:
-    """Which specs must start; alive ones with the same argv are kept; alive with another argv is an error
-    (unless the router's live membership lets them be replaced in place)."""
-    decision = decide(specs, state, live, rolling)
-    if decision.changed:
-        raise LaunchError(
-            f"{deployment}: {', '.join(decision.changed)} already running with other settings (or not recorded in "
-            "the state file)",
-            hint="restart the deployment with the new topology: `pdctl up --restart`",
-        )
-    for spec in decision.start:
-        state.processes.pop(spec.name, None)
-    return decision
 
 
 def _start(
