@@ -19,6 +19,15 @@
                  compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
     X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
+    X-PD-KV-Choice: <source>;basis=<model|default>[;predicted_ms=<ms>][;refused=<why>]
+        a warm turn's KV source as the router's cost model chose it (`KvChoice`; pdctl.router.turn.cost):
+        source        decode_cache (the decode alone), decode_read (the prefill reads the history from the decode),
+                      recomputed (the prefill computes it); the prefill may still find its own cache cheaper
+                      (X-PD-KV-Reuse says what happened)
+        basis         model, or default: its rates were not yet measured and the rule before it chose
+        predicted_ms  the model's predicted time to first token (basis model)
+        refused       why the decode alone was not chosen: itl (its step would break router.itl_slo_ms),
+                      slower (a prefill was cheaper), cap (over router.local_prefill_tokens)
 
 Everything outside pdctl/router/ (status, the smoke test, the bench) reads the router through this module and
 `pdctl.router.config`. It re-exports the reasons and KV sources (pdctl.router.reasons) and the /stats and members
@@ -81,6 +90,7 @@ REUSE_HEADER = "x-pd-kv-reuse"
 PREFILL_MS_HEADER = "x-pd-prefill-ms"
 ROUTER_IN_MS_HEADER = "x-pd-router-in-ms"
 DECODE_MS_HEADER = "x-pd-decode-ms"
+KV_CHOICE_HEADER = "x-pd-kv-choice"
 
 Outcome = Literal["hit", "partial", "miss"]
 # What a reader may find instead of a router's outcome: no header, or one it cannot read.
@@ -164,6 +174,37 @@ def _malformed(value: str, why: str) -> Reuse:
     return Reuse("malformed", 0, f"unreadable X-PD-KV-Reuse header {value.strip()!r}: {why}")
 
 
+@dataclass(frozen=True)
+class KvChoice:
+    """One X-PD-KV-Choice value (a warm turn's source as the cost model chose it)."""
+
+    source: str
+    basis: str = "default"
+    predicted_ms: float | None = None
+    refused: str | None = None
+
+    @property
+    def header(self) -> str:
+        predicted = f";predicted_ms={self.predicted_ms:.1f}" if self.predicted_ms is not None else ""
+        refused = f";refused={self.refused}" if self.refused else ""
+        return f"{self.source};basis={self.basis}{predicted}{refused}"
+
+    def raw(self) -> tuple[bytes, bytes]:
+        return KV_CHOICE_HEADER.encode(), self.header.encode()
+
+    @classmethod
+    def parse(cls, value: str | None) -> KvChoice | None:
+        """None when absent (a cold turn, a router without the model) or unreadable; never raises."""
+        if value is None or not value.strip():
+            return None
+        source, *params = (p.strip() for p in value.split(";"))
+        if not source or "=" in source:
+            return None
+        fields = dict(p.partition("=")[::2] for p in params if "=" in p)
+        return cls(source, fields.get("basis", "default"), parse_ms(fields.get("predicted_ms")),
+                   fields.get("refused") or None)
+
+
 def raw_ms(name: str, ms: float) -> tuple[bytes, bytes]:
     """An X-PD-*-Ms header as the router writes it (one decimal), as the (name, value) pair ASGI sends."""
     return name.encode(), f"{ms:.1f}".encode()
@@ -187,6 +228,7 @@ __all__ = [
     "EVICTED",
     "EXPIRED",
     "HANDLE_IN_USE",
+    "KV_CHOICE_HEADER",
     "KV_SOURCES",
     "NEW_CONVERSATION",
     "NOT_ELIGIBLE",
@@ -217,6 +259,7 @@ __all__ = [
     "VERIFIED",
     "WHOLE_PREFILL",
     "DecodeRetention",
+    "KvChoice",
     "KvChoiceStats",
     "Members",
     "Outcome",

@@ -15,7 +15,7 @@ from pdctl.router.turn.cost import NEVER_READ, Speeds, Turn, break_even, choose,
 from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Line, Rates
 from pdctl.router.turn.verify import Verdict, at_prefill, hit_params
 from pdctl.router.upstream.pools import Upstream
-from pdctl.router.wire import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
+from pdctl.router.wire import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED, KvChoice
 
 FLOOR = 256  # router.min_read_tokens
 SLO = 200.0  # router.itl_slo_ms
@@ -228,3 +228,14 @@ def test_an_engine_that_left_takes_its_rates_and_its_pairs_with_it() -> None:
     snap: Any = rates.snapshot()
     assert "http://p" not in snap["engines"]
     assert [(link["from"], link["to"]) for link in snap["links"]] == [("http://d", "http://p2")]
+
+
+def test_the_choice_header_reads_back_as_written() -> None:
+    c = choose(turn(8000, 2000, streams=12), FAST, FLOOR, SLO, CAP)
+    name, value = choices.header(c)
+    assert name == b"x-pd-kv-choice"
+    said = KvChoice.parse(value.decode())
+    assert said is not None and (said.source, said.basis, said.refused) == (DECODE_READ, "model", "itl")
+    assert said.predicted_ms == round(c.ttft_ms or 0, 1)
+    assert KvChoice.parse("decode_cache;basis=default") == KvChoice(DECODE_CACHE, "default")
+    assert KvChoice.parse(None) is None and KvChoice.parse("basis=model") is None

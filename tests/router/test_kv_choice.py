@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from pdctl.router.documents import RouterStats
+from pdctl.router.wire import KvChoice
 from tests.router.conftest import RouterProc, corrupt, router_process
 from tests.router.faults import kill
 from tests.router.talk import Conversation
@@ -54,6 +55,7 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         first = convs[0].turn(f"{MORE} a")
         # Nothing measured yet for the decode alone: the rule before the model (load: the decode is idle).
         assert (first.outcome, first.reason) == ("hit", "decode_local"), first.reuse
+        assert KvChoice.parse(first.headers.get("x-pd-kv-choice")) == KvChoice("decode_cache", "default")
         _until(lambda: _choice(r)["basis"]["default"] == 1, "the turn's choice never reached /stats")
         assert _choice(r)["basis"] == {"model": 0, "default": 1}
         convs[1].turn(f"{MORE} b")  # the decode's second local sample
@@ -71,6 +73,9 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
 
         idle = convs[0].turn(f"{MORE} d")  # an idle decode: nothing else to stall, the local turn is cheapest
         assert (idle.outcome, idle.reason) == ("hit", "decode_local"), idle.reuse
+        said = KvChoice.parse(idle.headers.get("x-pd-kv-choice"))
+        assert said is not None and (said.source, said.basis, said.refused) == ("decode_cache", "model", None)
+        assert said.predicted_ms is not None and said.predicted_ms > 0
 
         other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=150)  # ~1 s of decoding
         streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
@@ -79,6 +84,8 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         busy = convs[0].turn(f"{MORE} e")  # any stall breaks a 0.01 ms budget: through the prefill
         streaming.join()
         assert (busy.outcome, busy.reason) == ("hit", "verified"), busy.reuse
+        said = KvChoice.parse(busy.headers.get("x-pd-kv-choice"))
+        assert said is not None and (said.source, said.basis, said.refused) == ("decode_read", "model", "itl")
         assert busy.status == 200 and busy.text
 
         # A turn's choice is counted once its response is out: the client may read its end a moment before.
@@ -111,6 +118,8 @@ def test_a_read_slower_than_recompute_is_recomputed(tmp_path: Path) -> None:
 
         later = convs[2].turn(f"{MORE} b")  # the link measured slower than compute: the prefill recomputes
         assert (later.outcome, later.reason) == ("miss", "read_not_worth"), later.reuse
+        said = KvChoice.parse(later.headers.get("x-pd-kv-choice"))
+        assert said is not None and (said.source, said.basis) == ("recomputed", "model"), said
         assert later.status == 200 and later.text
         _until(lambda: _choice(r)["mix"]["recomputed"] >= 1, f"no recompute counted: {_choice(r)}")
         assert _choice(r)["basis"]["model"] >= 1

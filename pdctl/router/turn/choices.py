@@ -31,6 +31,7 @@ from pdctl.router.turn.cost import Choice, Speeds, Turn, choose, through_prefill
 from pdctl.router.turn.rates import Rates
 from pdctl.router.turn.verify import Verdict, miss
 from pdctl.router.upstream.pools import Upstream
+from pdctl.router.wire import KvChoice
 
 _S_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ERROR_WINDOW = 256
@@ -79,6 +80,11 @@ def with_min_read(v: Verdict, c: Choice, floor: int) -> Verdict:
     if not v.pending and v.outcome != "miss" and v.tokens < c.min_read:
         return miss(READ_NOT_WORTH)
     return v
+
+
+def header(c: Choice) -> tuple[bytes, bytes]:
+    """The turn's X-PD-KV-Choice header (pdctl.router.wire.KvChoice)."""
+    return KvChoice(c.source, c.basis, c.ttft_ms if c.basis == "model" else None, c.refused).raw()
 
 
 class Choices:

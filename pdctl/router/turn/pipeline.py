@@ -30,7 +30,18 @@ from pdctl.router import wire
 from pdctl.router.errors import send_bytes, send_error
 from pdctl.router.kv.conversation import first_turn
 from pdctl.router.kv.handles import Taken
-from pdctl.router.turn import aggregated, decode, keep, local, measure, overflow, prefill, request, verification
+from pdctl.router.turn import (
+    aggregated,
+    choices,
+    decode,
+    keep,
+    local,
+    measure,
+    overflow,
+    prefill,
+    request,
+    verification,
+)
 from pdctl.router.turn.context import NOT_TAKEN, RequestContext
 from pdctl.router.turn.disconnect import cancel_on_disconnect
 from pdctl.router.turn.state import RouterState
@@ -131,6 +142,8 @@ async def _on_decode(state: RouterState, ctx: RequestContext, receive: Receive, 
     assert h is not None
     reuse = wire.Reuse("hit", here.held, wire.DECODE_LOCAL)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, 0.0), reuse.raw()]
+    if ctx.choice is not None:
+        headers.append(choices.header(ctx.choice))
     ahead = here.decode.work
     work = load.Work(here.decode, here.missing)  # a chunk in the decode's batch until the first token
     ctx.cached_tokens, ctx.cached_default = None, here.held  # the decode's own report, where it makes one
@@ -226,6 +239,8 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
         _trace_hop(tr, ctx, pre, span, in_ms if first else None, offered)
     log.info("[%s] Prefill done in %.0fms (kv %s)", ctx.rid, pre.ms, v.header)
     headers = [wire.raw_ms(wire.PREFILL_MS_HEADER, pre.ms), reuse.raw(), wire.raw_ms(wire.ROUTER_IN_MS_HEADER, in_ms)]
+    if ctx.choice is not None:
+        headers.append(choices.header(ctx.choice))
     if pre.status != 200:
         await send_bytes(send, pre.status, pre.error, headers)
         return None
