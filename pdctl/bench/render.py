@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pdctl.bench.paths import leg_path
-from pdctl.bench.plots import label
+from pdctl.bench.plots import axis, label
 from pdctl.bench.records import BenchResult, RequestRecord
 from pdctl.bench.report import ReportFiles
 from pdctl.bench.stats import ratios, reuse_counts, summarize, warm_mean
@@ -62,7 +62,7 @@ def summary_table(result: BenchResult) -> Table:
     names = [leg.name for leg in result.legs]
     ratio = ratios(rows, names)
     table = Table(title=f"Mean TTFT of turns 2+ (ms) — {label(result)}", title_justify="left")
-    table.add_column("length", justify="right")
+    table.add_column(axis(result), justify="right")
     for name in names:
         table.add_column(name, justify="right")
     for name in names[1:]:
