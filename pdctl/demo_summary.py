@@ -225,9 +225,11 @@ def _point(leg: LegResult, x: int, sessions: int, recs: list[RequestRecord], p50
     warm = _warm(recs)
     n = max(len(warm), 1)
     kv = leg.kv_by_length.get(x, KvTransfer())
-    gib = kv.bytes / 2**30 / n if kv.source != "none" else math.nan
+    metered = kv.source != "none"  # no meter over this point: neither figure, rather than a 0 beside the leg's
+    transfers = kv.transfers / n if metered else math.nan
+    gib = kv.bytes / 2**30 / n if metered else math.nan
     tokens = sum(r.reuse_read or 0 for r in warm) / n
-    return CasePoint(leg.name, x, sessions, len(warm), p50, p90, itl, within, kv.transfers / n, gib, tokens,
+    return CasePoint(leg.name, x, sessions, len(warm), p50, p90, itl, within, transfers, gib, tokens,
                      dict(turn_sources(recs)))
 
 

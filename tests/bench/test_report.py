@@ -287,3 +287,23 @@ def test_the_demos_eviction_summary_json(tmp_path: Path) -> None:
     p90s = [leg["points"][1]["ttft_p90_ms"] for leg in (on, off)]
     assert ratio["4"] == 1.0 and ratio["16"] == round(p90s[0] / p90s[1], 3)
     assert demo_summary.ratio_lines(summary)[0].startswith("on/off warm TTFT p90: 4 sessions 1.00x, 16 sessions 0.")
+
+
+def test_the_demos_first_case_summary_json_is_per_prompt_length(tmp_path: Path) -> None:
+    """Case 1's summary.json: one session at a time, a point per prompt length, wall-clock TTFT, the KV the
+    prefills metered over the leg's lengths (here the whole leg's, as the recorded run has no per-length meter)."""
+    import json
+
+    from pdctl import demo_summary
+
+    result = bench()
+    data = json.loads(demo_summary.write(demo_summary.sweep_summary(result, "single client"), tmp_path).read_text())
+    assert (data["axis"], data["time"]) == ("length", "wall ms")
+    off, on = data["legs"]
+    assert [p["length"] for p in off["points"]] == [2000, 8000, 16000, 24000]
+    assert {p["sessions"] for p in off["points"] + on["points"]} == {1}
+    warm = [r.ttft_ms or 0 for r in result.legs[1].records if r.length == 24000 and r.turn >= 1]
+    assert on["points"][3]["ttft_p50_ms"] == round(percentile(warm, 50), 1)
+    kv = on["points"][3]["kv_read_back_per_warm_turn"]
+    assert kv["gib"] is None and kv["transfers"] is None  # no meter per length: not metered, never 0
+    assert set(data["ttft_p90_ratios"]["on/off"]) == {"2000", "8000", "16000", "24000"}
