@@ -62,7 +62,7 @@ class DemoOptions:
 # The eviction case's sessions: a shared system prompt, each session's own large task (a repository's files, say),
 # tool results between turns and think times. Each session's history grows to ~10k tokens over its 4 turns.
 EVICTION_AGENT = AgentSpec(sessions=1, turns=4, system_tokens=2000, task_tokens=6000, tool_tokens=Range(200, 1000),
-                           output_tokens=64, think_s=Range(1.0, 4.0), arrival_rate=1.0)
+                           output_tokens=32, think_s=Range(0.5, 3.0), arrival_rate=1.0)
 # Warm-turn TTFT only: the inter-token gap is in the report, but on a small shared machine its p99 is mostly the
 # host's scheduling noise (times 3 in modelled time at speed 3).
 EVICTION_SLO = "ttft_p90=500"
@@ -201,7 +201,8 @@ def run_eviction(opts: DemoOptions, console: Console, progress: Progress,
 def run_demo(
     opts: DemoOptions, console: Console, progress: Progress, on_topology: Callable[[Topology, Path], None]
 ) -> tuple[BenchResult, ReportFiles]:
-    """Up (with the smoke test), bench OFF then ON, down: down runs whatever happened before it."""
+    """Up (with the smoke test) and down, bench OFF then ON (each leg deployed afresh, down after the last);
+    down whatever happened."""
     from pdctl.bench.deploy import LifecycleDeployer
     from pdctl.lifecycle.down import down
     from pdctl.lifecycle.up import up
@@ -211,7 +212,10 @@ def run_demo(
     topo = load(path)
     on_topology(topo, path)
     try:
-        up(topo, console)
+        up(topo, console)  # and its smoke test: two turns through the router
+        # Down again: each leg deploys afresh, and a bench that found the deployment stopped only takes it down
+        # after the last leg, instead of bringing it up once more to restore it (seconds of a 2-minute demo).
+        down(topo, console)
         bench = BenchOptions(
             topology=path,
             workload=WorkloadSpec(
@@ -222,7 +226,8 @@ def run_demo(
             clients=1,
         )
         result = run_bench(bench, LifecycleDeployer(console), progress)
-        files = report.write(result, opts.out / "bench")
-    finally:
-        down(topo, console)
+    except BaseException:
+        down(topo, console)  # whatever was started before the failure
+        raise
+    files = report.write(result, opts.out / "bench")
     return result, files

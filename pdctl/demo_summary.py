@@ -196,10 +196,27 @@ def ratio_lines(summary: CaseSummary) -> list[str]:
     return lines
 
 
+def source_lines(summary: CaseSummary) -> list[str]:
+    """Where the win comes from, at the largest point: each leg's warm turns by where their history was."""
+    if not summary.points:
+        return []
+    x = summary.xs()[-1]
+    unit = "sessions" if summary.axis == "sessions" else "tokens"
+    lines = []
+    for p in (p for p in summary.points if p.x == x):
+        mix, n = p.path_mix, p.warm_turns
+        decode = mix.get(SOURCES[DECODE_CACHE], 0) + mix.get(SOURCES[DECODE_READ], 0)
+        lines.append(f"at {x} {unit}, {p.leg}: history from the decode's KV in {decode}/{n} warm turns "
+                     f"({SOURCES[DECODE_CACHE]} {mix.get(SOURCES[DECODE_CACHE], 0)}, {SOURCES[DECODE_READ]} "
+                     f"{mix.get(SOURCES[DECODE_READ], 0)}), from the prefill's cache in "
+                     f"{mix.get(SOURCES[PREFILL_CACHE], 0)}/{n}, recomputed in {mix.get(SOURCES[RECOMPUTED], 0)}/{n}")
+    return lines
+
+
 def print_case(summary: CaseSummary, title: str, console: Console) -> None:
     for t in tables(summary, title):
         console.print(t)
-    for line in ratio_lines(summary):
+    for line in source_lines(summary) + ratio_lines(summary):
         console.print(line, highlight=False)
 
 

@@ -88,6 +88,8 @@ def _run(opts: DemoOptions, console: Console) -> None:
         def announce_eviction(topo: Topology, path: Path) -> None:
             say(err, f"pdctl demo: eviction case, deployment {topo.name}; clean up with: "
                      f"{pdctl_command()} down -t {path}")
+            say(err, f"eviction case: OFF then ON, {' and '.join(map(str, opts.eviction_sessions))} agent sessions "
+                     "each; about a minute on 2 cores (simulated engines)")
 
         with make_progress(console, 4) as progress:
             evicted, evicted_files = run_eviction(opts, console, progress, announce_eviction)

@@ -125,6 +125,9 @@ def test_case_2_prints_rich_tables_on_sessions_and_the_ratio(tmp_path: Path, mon
     assert len(heads) == 2 and "TTFT p90" in heads[0] and "path mix (warm turns)" in heads[1], heads
     assert "prefill cache 12" in text and "recompute 48" in text and "local 36, D->P read 12" in text
     assert "on/off warm TTFT p90: 4 sessions 1.00x, 16 sessions 0.1" in text
+    assert ("at 16 sessions, off: history from the decode's KV in 0/48 warm turns (local 0, D->P read 0), from the "
+            "prefill's cache in 0/48, recomputed in 48/48") in text
+    assert "at 16 sessions, on: history from the decode's KV in 48/48 warm turns (local 36, D->P read 12)" in text
     assert "leg off: passed" in text and "leg on: passed" in text
     assert f"summary: {tmp_path / 'eviction' / 'summary.json'}" in text
     assert (tmp_path / "eviction" / "summary.json").exists()
