@@ -66,7 +66,7 @@ EVICTION_AGENT = AgentSpec(sessions=1, turns=4, system_tokens=2000, task_tokens=
 # Warm-turn TTFT only: the inter-token gap is in the report, but on a small shared machine its p99 is mostly the
 # host's scheduling noise (times 3 in modelled time at speed 3).
 EVICTION_SLO = "ttft_p90=500"
-DEMO_PORTS = 14  # the most listening ports one case takes (2P2D: 4 engines x 2, the router) with room to spare
+DEMO_PORTS = 9  # the most listening ports one case takes: 2 prefills and 2 decodes with their side channels, the router
 
 
 def demo_options(out: Path | None, lengths: str, conversations: int, turns: int, speed: float,

@@ -88,13 +88,13 @@ def test_ports_keep_every_process_of_both_cases_in_the_range(tmp_path: Path) -> 
     ("22010-22000", "--ports '22010-22000': the range must lie within 1024-65535 with START <= END"),
     ("80-200", "--ports '80-200': the range must lie within 1024-65535 with START <= END"),
     ("22000-70000", "--ports '22000-70000': the range must lie within 1024-65535 with START <= END"),
-    ("22000-22004", "--ports '22000-22004' holds 5 ports; the demo needs 14"),
+    ("22000-22004", "--ports '22000-22004' holds 5 ports; the demo needs 9"),
 ])
 def test_a_bad_port_range_exits_2_before_anything_starts(tmp_path: Path, ports: str, message: str) -> None:
     result = CliRunner().invoke(app, ["demo", "--ports", ports, "--out", str(tmp_path / "o")])
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines() == [f"Error: {message}",
-                                          "hint: e.g. --ports 22000-22099 (at least 14 ports, 1024-65535)"]
+                                          "hint: e.g. --ports 22000-22099 (at least 9 ports, 1024-65535)"]
     assert not (tmp_path / "o").exists()
 
 
