@@ -92,7 +92,9 @@ def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
         ys = [warm_mean(rows, leg.name, n) for n in lengths]
         ax.plot(lengths, ys, marker="o", label=_leg_label(leg))
     ax.set_xlabel(axis_label(result))
-    ax.set_ylabel("mean TTFT of turns 2+ (ms)")
+    # A capacity run's goodput plot and capacity table are in modelled time on the simulator; this one is not.
+    ax.set_ylabel("mean TTFT of turns 2+ (ms" + (", wall clock)" if result.simulated and axis(result) == "sessions"
+                                                  else ")"))
     ax.set_title(_title(f"Multi-turn TTFT vs {'sessions' if axis(result) == 'sessions' else 'prompt length'}",
                         result), fontsize=8)
     ax.grid(True, alpha=0.3)
@@ -137,10 +139,13 @@ def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> N
         ax_t.plot(xs, [p.ttft_p90 for p in mine], marker="o", color=color, label=f"{leg} p90")
         ax_t.plot(xs, [p.ttft_p50 for p in mine], marker=".", linestyle="--", color=color, label=f"{leg} p50")
         ax_i.plot(xs, [p.itl_p99 for p in mine], marker="o", color=color, label=leg)
+    counts = sorted({p.sessions for p in points})
     for ax, limit, what in ((ax_t, slo.ttft_p90, "SLO p90"), (ax_i, slo.itl_p99, "SLO p99")):
         if math.isfinite(limit):
             ax.axhline(limit, color="black", linestyle=":", label=what)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])  # the measured counts, as numbers (not 2^k)
+        ax.minorticks_off()
         ax.set_xlabel("concurrent agent sessions")
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
