@@ -1,13 +1,13 @@
 """The demo's account of each case, per leg and point (a prompt length in the first case, a number of agent
 sessions in the second): the warm turns' TTFT p50 and p90, where each warm turn's history KV came from (counts),
 and what the prefills read back from the decodes per warm turn. Written as `summary.json` beside the case's report
-and printed as one rich table with the ratio of each leg to the first (OFF).
+and printed as rich tables with the ratio of each leg to the first (OFF).
 
-Where a warm turn's history came from is the router's account (X-PD-KV-Reuse, `pdctl.router.reasons.kv_source`),
-with one refinement: a turn served from the prefill's prefix cache that held under 90 % of its history (the
-shared system prompt, say, while the session's own tokens were evicted) counts as a recompute, which is what the
-prefill mostly did. D->P transfers and GiB per warm turn come from one meter, the prefills' NIXL counters over the
-point (`pdctl.bench.probe.KvMeter`); tokens read per warm turn from the prefills' own reports (`read=`).
+Where a warm turn's history came from is the bench's account, as the report's path labels have it
+(`pdctl.bench.paths.warm_sources`: the router's X-PD-KV-Reuse, with a turn served from a prefill's cache that held
+under 90 % of its history counted as a recompute). D->P transfers and GiB per warm turn come from one meter, the
+prefills' NIXL counters over the point (`pdctl.bench.probe.KvMeter`); tokens read per warm turn from the prefills'
+own reports (`read=`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pdctl.bench import capacity
-from pdctl.bench.paths import leg_path
+from pdctl.bench.paths import leg_path, warm_sources
 from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
 from pdctl.bench.stats import percentile
 from pdctl.router.wire import DECODE_CACHE, DECODE_READ, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED
 
 SUMMARY_JSON = "summary.json"
-HELD = 0.9  # a prefill-cache turn whose cache held less of its history than this recomputed it
 SOURCES = {DECODE_CACHE: "local", DECODE_READ: "D->P read", PREFILL_CACHE: "prefill cache",
            PREFILL_WHOLE: "whole on prefill", RECOMPUTED: "recompute"}
 """local: the decode alone, from its own cache; D->P read: a prefill read it back from the decode; prefill cache:
@@ -225,16 +224,8 @@ def mix_text(mix: dict[str, int]) -> str:
 
 
 def turn_sources(records: Sequence[RequestRecord]) -> Counter[str]:
-    """Each successful warm turn's history source (the module's refinement of kv_source), counted."""
-    history = {(r.conversation_id, r.turn): (r.input_num_tokens or 0) + r.output_num_tokens for r in records}
-    counts: Counter[str] = Counter()
-    for r in _warm(records):
-        source = r.source or RECOMPUTED
-        held = history.get((r.conversation_id, r.turn - 1), 0)
-        if source == PREFILL_CACHE and held and (r.reuse_cached or 0) < HELD * held:
-            source = RECOMPUTED
-        counts[SOURCES.get(source, source)] += 1
-    return counts
+    """Each successful warm turn's history source (`pdctl.bench.paths.warm_sources`), counted."""
+    return Counter(SOURCES.get(source, source) for _, source in warm_sources(records))
 
 
 def _point(leg: LegResult, x: int, sessions: int, recs: list[RequestRecord], p50: float, p90: float, itl: float,

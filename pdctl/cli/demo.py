@@ -8,9 +8,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pdctl import demo_summary
 from pdctl.bench.estimate import estimate
+from pdctl.bench.paths import leg_path
 from pdctl.bench.progress import make_progress
 from pdctl.bench.records import BenchResult
 from pdctl.bench.render import print_outcome
@@ -114,6 +116,10 @@ def print_eviction(opts: DemoOptions, result: BenchResult, files: ReportFiles) -
     demo_summary.print_case(summary, f"Warm turns (turn 2+), {summary.time}; SLO {summary.slo.describe()}"
                             if summary.slo else "Warm turns (turn 2+)", out)
     for leg in result.legs:
+        path = leg_path(leg)
+        say(out, f"leg {path.label}")
+        if path.flag:
+            out.print(f"[bold yellow]flag:[/] {escape(path.flag)}", highlight=False)
         if leg.passed:
             out.print(f"[green]leg {leg.name}: passed[/]", highlight=False)
         for failure in leg.failures:

@@ -255,6 +255,9 @@ def test_the_demos_eviction_case_is_reported_on_sessions_with_one_account_of_the
     assert cells[1] == "60" and cells[8:12] == ["12", "6.00", "0.20", "0.100"], cells
     off = next(line for line in md.split("## KV reuse")[1].splitlines() if line.startswith("| off |"))
     assert off.strip(" |").split(" | ")[8:12] == ["0", "0.00", "0.00", "0.000"], off
+    # One account of the path: the report's share from the prefill's cache is summary.json's path mix (12 of the
+    # off leg's 60 warm turns; at 16 sessions its cache held only the shared prompt, so those recomputed)
+    assert off.strip(" |").split(" | ")[7] == "20%", off
 
 
 def test_the_demos_eviction_summary_json(tmp_path: Path) -> None:

@@ -129,5 +129,6 @@ def test_case_2_prints_rich_tables_on_sessions_and_the_ratio(tmp_path: Path, mon
             "prefill's cache in 0/48, recomputed in 48/48") in text
     assert "at 16 sessions, on: history from the decode's KV in 48/48 warm turns (local 36, D->P read 12)" in text
     assert "leg off: passed" in text and "leg on: passed" in text
+    assert "leg off: OFF\n" in text and "leg on: ON mixed (bidirectional) (local 80%, D->P read 20%)" in text
     assert f"summary: {tmp_path / 'eviction' / 'summary.json'}" in text
     assert (tmp_path / "eviction" / "summary.json").exists()
