@@ -17,7 +17,8 @@ mkdir -p "$base/parts" "$base/saved" "$out"
 export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
-sweep=${PDCTL_EVICT_SWEEP:-sessions=2,4,8,16}
+sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
+benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone
 common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200)
 legs_a=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0"
@@ -62,7 +63,7 @@ case $stage in
       cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
       touch "$base/setup.done"; tail -5 "$base/saved/setup.txt"
     fi
-    for name in a b; do
+    for name in $benches; do
       [ -e "$base/bench-$name.saved" ] && continue
       if ! running "$name" && [ ! -e "$base/bench-$name.pid" ]; then
         if [ "$name" = a ]; then start_bench a "${legs_a[@]}"; else start_bench b "${legs_b[@]}"; fi
