@@ -109,9 +109,11 @@ def print_eviction(opts: DemoOptions, result: BenchResult, files: ReportFiles) -
     a, most = EVICTION_AGENT, max(opts.eviction_sessions)
     history = a.system_tokens + a.task_tokens + (a.turns - 1) * (a.output_tokens + a.tool_tokens.mean)
     counts = " and ".join(map(str, opts.eviction_sessions))
+    kv = opts.eviction_prefill_blocks * 256
+    fate = "its prefix cache evicts them" if most / 2 * history > kv else "its prefix cache can hold them"
     say(out, f"\nCase 2 (simulated): {counts} agent sessions on 2 prefills + 2 decodes. Each prefill's KV holds "
-             f"{opts.eviction_prefill_blocks * 256} tokens; a session's history grows to ~{history / 1000:.0f}k, "
-             f"so at {most} sessions (~{most / 2:g} per prefill) its prefix cache evicts them")
+             f"{kv} tokens; a session's history grows to ~{history / 1000:.0f}k, so at {most} sessions "
+             f"(~{most / 2:g} per prefill) {fate}")
     summary = demo_summary.capacity_summary(result, "eviction")
     demo_summary.print_case(summary, f"Warm turns (turn 2+), {summary.time}; SLO {summary.slo.describe()}"
                             if summary.slo else "Warm turns (turn 2+)", out)
