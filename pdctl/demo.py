@@ -25,15 +25,15 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from pdctl.bench import report
-from pdctl.bench.agent import AgentSpec, Range
-from pdctl.bench.capacity import CapacityOptions, Slo
-from pdctl.bench.legs import parse_legs
-from pdctl.bench.options import parse_lengths
-from pdctl.bench.records import BenchResult
-from pdctl.bench.report import ReportFiles
-from pdctl.bench.run import BenchOptions, Progress, run_bench
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.leg.legs import parse_legs
+from pdctl.bench.output import report
+from pdctl.bench.output.report import ReportFiles
+from pdctl.bench.results.records import BenchResult
+from pdctl.bench.runner.capacity import CapacityOptions, Slo
+from pdctl.bench.runner.options import parse_lengths
+from pdctl.bench.runner.run import BenchOptions, Progress, run_bench
+from pdctl.bench.traffic.agent import AgentSpec, Range
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.errors import UsageError
 from pdctl.examples import example
 from pdctl.state import pdctl_home
@@ -175,8 +175,8 @@ def run_eviction(opts: DemoOptions, console: Console, progress: Progress,
                  on_topology: Callable[[Topology, Path], None]) -> tuple[BenchResult, ReportFiles]:
     """The eviction case: OFF (prefill caching on) then ON as shipped, each at every number of sessions, on 2P2D.
     The bench deploys each leg itself and takes the deployment down after the last (nothing ran before it)."""
-    from pdctl.bench.deploy import LifecycleDeployer
-    from pdctl.lifecycle.down import down
+    from pdctl.bench.leg.deploy import LifecycleDeployer
+    from pdctl.lifecycle.changes.down import down
 
     path = write_eviction_topology(opts)
     topo = load(path)
@@ -203,9 +203,9 @@ def run_demo(
 ) -> tuple[BenchResult, ReportFiles]:
     """Up (with the smoke test) and down, bench OFF then ON (each leg deployed afresh, down after the last);
     down whatever happened."""
-    from pdctl.bench.deploy import LifecycleDeployer
-    from pdctl.lifecycle.down import down
-    from pdctl.lifecycle.up import up
+    from pdctl.bench.leg.deploy import LifecycleDeployer
+    from pdctl.lifecycle.bringup.pipeline import up
+    from pdctl.lifecycle.changes.down import down
 
     opts.out.mkdir(parents=True, exist_ok=True)
     path = write_topology(opts)

@@ -4,10 +4,10 @@ and what the prefills read back from the decodes per warm turn. Written as `summ
 and printed as rich tables with the ratio of each leg to the first (OFF).
 
 Where a warm turn's history came from is the bench's account, as the report's path labels have it
-(`pdctl.bench.paths.warm_sources`: the router's X-PD-KV-Reuse, with a turn served from a prefill's cache that held
-under 90 % of its history counted as a recompute). D->P transfers and GiB per warm turn come from one meter, the
-prefills' NIXL counters over the point (`pdctl.bench.probe.KvMeter`); tokens read per warm turn from the prefills'
-own reports (`read=`).
+(`pdctl.bench.results.paths.warm_sources`: the router's X-PD-KV-Reuse, with a turn served from a prefill's cache
+that held under 90 % of its history counted as a recompute). D->P transfers and GiB per warm turn come from one
+meter, the prefills' NIXL counters over the point (`pdctl.bench.runner.probe.KvMeter`); tokens read per warm turn
+from the prefills' own reports (`read=`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pdctl.bench import capacity
-from pdctl.bench.paths import leg_path, warm_sources
-from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
-from pdctl.bench.stats import percentile
+from pdctl.bench.results.paths import leg_path, warm_sources
+from pdctl.bench.results.records import BenchResult, KvTransfer, LegResult, RequestRecord
+from pdctl.bench.results.stats import percentile
+from pdctl.bench.runner import capacity
 from pdctl.router.wire import DECODE_CACHE, DECODE_READ, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED
 
 SUMMARY_JSON = "summary.json"
@@ -132,7 +132,7 @@ def sweep_summary(result: BenchResult, case: str) -> CaseSummary:
 def capacity_summary(result: BenchResult, case: str) -> CaseSummary:
     """The eviction case: one point per leg and number of sessions, TTFT and ITL as its capacity point has them
     (modelled time on the simulator), within the run's SLO or not."""
-    from pdctl.bench.report import capacity_points
+    from pdctl.bench.output.report import capacity_points
 
     cap, slo = capacity_points(result)
     by_leg = {leg.name: leg for leg in result.legs}
@@ -224,7 +224,7 @@ def mix_text(mix: dict[str, int]) -> str:
 
 
 def turn_sources(records: Sequence[RequestRecord]) -> Counter[str]:
-    """Each successful warm turn's history source (`pdctl.bench.paths.warm_sources`), counted."""
+    """Each successful warm turn's history source (`pdctl.bench.results.paths.warm_sources`), counted."""
     return Counter(SOURCES.get(source, source) for _, source in warm_sources(records))
 
 

@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from pdctl import demo_summary
-from pdctl.bench.estimate import estimate
-from pdctl.bench.paths import leg_path
-from pdctl.bench.progress import make_progress
-from pdctl.bench.records import BenchResult
-from pdctl.bench.render import print_outcome
-from pdctl.bench.report import ReportFiles
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.output.progress import make_progress
+from pdctl.bench.output.render import print_outcome
+from pdctl.bench.output.report import ReportFiles
+from pdctl.bench.results.paths import leg_path
+from pdctl.bench.results.records import BenchResult
+from pdctl.bench.runner.estimate import estimate
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.cli.errors import INTERRUPTED_EXIT
 from pdctl.cli.output import err, out, pdctl_command, say
 from pdctl.demo import EVICTION_AGENT, DemoOptions, demo_options, run_demo, run_eviction

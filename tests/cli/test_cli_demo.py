@@ -109,7 +109,7 @@ def test_bad_session_counts_exit_2(tmp_path: Path) -> None:
 def test_case_2_prints_rich_tables_on_sessions_and_the_ratio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One style of table on the console (the report's markdown stays in report.md), the axis "sessions", the
     path mix and KV read back per point as summary.json has them, the ON/OFF ratio of warm TTFT p90."""
-    from pdctl.bench import report
+    from pdctl.bench.output import report
     from pdctl.cli import demo as cli_demo
     from tests.bench.test_report import _eviction_result
 
