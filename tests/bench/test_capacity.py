@@ -111,7 +111,7 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     out = tmp_path / "sweep"
     legs = ["--leg", "on:connector.bidirectional_kv_xfer=true", "--leg", "agg:mode=aggregated"]
     args = ["bench", "-t", str(sim_topology), *AGENT, "--sweep", "sessions=1,3", "--slo", "ttft_p90=60000",
-            "--out", str(out), "--json", "--set", "sim.args=[--step-model, h200-graphs]", *legs]
+            "--out", str(out), "--json", "--set", "sim.args=[--step-model, h200-graphs]", "--runs", "1", *legs]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads((out / "legs.json").read_text())
