@@ -39,7 +39,9 @@ engine: vllm
 nodes: [{name: g, address: 127.0.0.1, transport: local, gpus: 2}]
 model: {id: Qwen/Qwen3-8B, served_name: Qwen, gpu_memory_utilization: 0.45}
 prefill: [{node: g, gpus: [0], port: 8100, side_channel_port: 5600}]
-decode: [{node: g, gpus: [0], port: 8200, side_channel_port: 5601}, {node: g, gpus: [1], port: 8300, side_channel_port: 5602}]
+decode:
+  - {node: g, gpus: [0], port: 8200, side_channel_port: 5601}
+  - {node: g, gpus: [1], port: 8300, side_channel_port: 5602}
 router: {node: g, port: 8000}
 python: {venv: null}
 """)
