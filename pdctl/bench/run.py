@@ -267,7 +267,7 @@ def _eviction_size(cap: capacity.CapacityOptions, ep: Endpoints, hosts: Hosts, p
                    result: BenchResult | None) -> eviction.EvictionSize:
     """The prefills' KV read once, at the first P/D leg; later legs (and an aggregated one, which has no prefill)
     keep that sizing so every leg plays the same session counts."""
-    if result is not None and result.eviction is not None:
+    if result is not None and result.eviction is not None and (result.eviction["evict_from"] or not ep.prefill_urls):
         known = result.eviction
         return eviction.EvictionSize(tuple(known["prefill_kv_tokens"]), known["shared_tokens"],
                                      known["session_tokens"], known["evict_from"])
