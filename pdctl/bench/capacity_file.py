@@ -26,9 +26,11 @@ CPU_NEAR_ONE = 0.8  # of one core, per engine process
 UNREPORTED = "unreported"  # a warm turn without the router's header (an aggregated engine alone)
 
 
-def kv_sources(leg: LegResult) -> dict[str, int]:
-    """Warm turns (turn >= 1, answered) per KV source, from the router's per-turn header."""
-    counts = Counter(r.source or UNREPORTED for r in leg.records if r.turn >= 1 and r.ok)
+def kv_sources(leg: LegResult, sessions: int | None = None) -> dict[str, int]:
+    """Warm turns (turn >= 1, answered) per KV source, from the router's per-turn header; `sessions`: of that point
+    only (a capacity record's `length` is its point's session count)."""
+    counts = Counter(r.source or UNREPORTED for r in leg.records
+                     if r.turn >= 1 and r.ok and (sessions is None or r.length == sessions))
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
@@ -45,7 +47,7 @@ def document(result: BenchResult, points: Sequence[Point], slo: Slo) -> dict[str
             "leg": leg.name, "shape": leg.shape, "mode": leg.mode, "bidirectional": leg.bidirectional,
             "overrides": leg.overrides, "path": path.path, "label": path.label,
             "sessions_within_slo": best[leg.name], "warm_turns": path.warm_turns, "kv_sources": kv_sources(leg),
-            "points": [p.to_json() for p in mine],
+            "points": [p.to_json() | {"kv_sources": kv_sources(leg, p.sessions)} for p in mine],
         })
     return {
         "topology": result.topology,

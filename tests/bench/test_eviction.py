@@ -93,6 +93,9 @@ def test_the_eviction_profile_end_to_end_writes_capacity_json(sim_topology: Path
             assert len(p["runs"]) == 3 or p["agreed"] is True  # two runs only when they agreed
             assert p["requests"] == 2 * 3 * p["sessions"] and p["load"] >= 0
             assert all(e["cpu"] is not None and e["cpu"] >= 0 for e in p["engines"])
+        assert [sum(p["kv_sources"].values()) for p in points] == [2 * len(p["runs"]) * p["sessions"]
+                                                                   for p in points]  # every run's warm turns
+        assert {k: sum(p["kv_sources"].get(k, 0) for p in points) for k in leg["kv_sources"]} == leg["kv_sources"]
     assert doc["ratios"]["on/off"] == 1.0 and doc["ratios"]["on/agg"] == 1.0
     requests = json.loads((out / "requests.json").read_text())
     ids = {r["conversation_id"] for r in requests if r["leg"] == "on"}
