@@ -26,8 +26,8 @@ import yaml
 from pdctl.bench.agent import AgentSpec, Range
 from pdctl.bench.collect import scrape_text
 from pdctl.bench.legs import Endpoints, LegSpec
+from pdctl.engine_metrics import kv_capacity_tokens
 from pdctl.remote.base import Transport
-from pdctl.router.kv.pins import kv_capacity
 from pdctl.topology import Topology
 
 EVICT_AGENT = AgentSpec(sessions=1, turns=6, system_tokens=6000, tool_tokens=Range(200, 2000), output_tokens=200,
@@ -121,5 +121,5 @@ def prefill_capacity(ep: Endpoints, hosts: Mapping[str, Transport]) -> list[int 
     for url, (node, _) in zip(ep.prefill_urls, ep.prefill_logs, strict=False):
         transport = hosts.get(node)
         text = scrape_text(transport, url) if transport is not None else ""
-        out.append(kv_capacity(text) if text else None)
+        out.append(kv_capacity_tokens(text) if text else None)
     return out
