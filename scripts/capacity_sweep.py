@@ -19,13 +19,14 @@ setting. The machine's cores are shared: numbers are noisy.
     python scripts/capacity_sweep.py --topologies 1p1d --legs agg,agg1 --sessions 8,16 --out /tmp/cap
     python scripts/capacity_sweep.py --profile eviction --sessions 4,8,16 --out /tmp/cap-eviction
 
-`--profile eviction` (issue 29): where bidirectional transfer matters. 2P2D; each prefill's KV holds
---prefill-blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's;
-`pdctl bench --profile evict`, whose workload shape (pdctl.bench.eviction.EVICT_AGENT: tool results, think times
-2-8 s) and SLO (p90 TTFT <= 500 ms, ITL p99 <= 200 ms) it takes. Legs: the profile's own (pdctl.bench.eviction.legs:
-off, bidirectional off with prefill prefix caching on, the honest baseline; on-prefill, every warm turn through a
-prefill, which reads from the decode what its cache lacks; on, today's defaults; agg, aggregated engines on the same
-GPUs) and off-seed (prefix caching off on the prefill too: the seed's). Each leg's report names the path it measured.
+`--profile eviction` (issue 29): where bidirectional transfer matters. 2P2D; each prefill's KV holds --prefill-
+blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's; `pdctl
+bench --profile evict`, whose workload shape (pdctl.bench.runner.eviction.EVICT_AGENT: tool results, think times 2-8
+s) and SLO (p90 TTFT <= 500 ms, ITL p99 <= 200 ms) it takes. Legs: the profile's own
+(pdctl.bench.runner.eviction.legs: off, bidirectional off with prefill prefix caching on, the honest baseline; on-
+prefill, every warm turn through a prefill, which reads from the decode what its cache lacks; on, today's defaults;
+agg, aggregated engines on the same GPUs) and off-seed (prefix caching off on the prefill too: the seed's). Each
+leg's report names the path it measured.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdctl.bench import capacity, eviction
+from pdctl.bench.runner import capacity, eviction
 from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from pdctl.topology import load
 from tests.conftest import free_port as ephemeral_port

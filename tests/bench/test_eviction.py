@@ -10,9 +10,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from pdctl.bench import eviction
-from pdctl.bench.agent import AgentSpec, Range
-from pdctl.bench.legs import leg_topology
+from pdctl.bench.leg.legs import leg_topology
+from pdctl.bench.runner import eviction
+from pdctl.bench.traffic.agent import AgentSpec, Range
 from pdctl.cli import app
 from pdctl.plan import plan
 from pdctl.topology import load
