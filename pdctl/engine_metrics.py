@@ -90,3 +90,18 @@ def kv_log_samples(lines: Iterable[str]) -> Samples:
         add(NIXL_FAILED, f.get("Num failed transfers", 0.0))
         add(NIXL_EXPIRED, f.get("Num KV expired reqs", 0.0))
     return out
+
+
+_CACHE_INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def kv_capacity_tokens(text: str) -> int | None:
+    """An engine's KV capacity in tokens (num_gpu_blocks x block_size of `vllm:cache_config_info`, which vLLM and
+    the simulator both expose) from its /metrics text; None where it does not say."""
+    m = _CACHE_INFO.search(text)
+    if m is None:
+        return None
+    labels = dict(_LABEL.findall(m.group(1)))
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else None

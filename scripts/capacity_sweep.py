@@ -19,12 +19,14 @@ setting. The machine's cores are shared: numbers are noisy.
     python scripts/capacity_sweep.py --topologies 1p1d --legs agg,agg1 --sessions 8,16 --out /tmp/cap
     python scripts/capacity_sweep.py --profile eviction --sessions 4,8,16 --out /tmp/cap-eviction
 
-`--profile eviction` (issue 29): where bidirectional transfer matters. 2P2D; each prefill's KV holds
---prefill-blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's;
-agent-shaped turns (tool results, long think times: --think-s 2-8); SLO p90 TTFT <= 500 ms and ITL p99 <= 200 ms.
-Legs: off-cached (bidirectional off, prefill prefix caching on: the honest baseline), off-seed (prefix caching off
-on the prefill too: the seed's), on (today's defaults), on-prefill (every warm turn through a prefill, which reads
-from the decode what its cache lacks: router.local_prefill_tokens=0). Each leg's report names the path it measured.
+`--profile eviction` (issue 29): where bidirectional transfer matters. 2P2D; each prefill's KV holds --prefill-
+blocks blocks (fewer than the sessions' histories: its prefix cache evicts them), the decodes an H200's; `pdctl
+bench --profile evict`, whose workload shape (pdctl.bench.runner.eviction.EVICT_AGENT: tool results, think times 2-8
+s) and SLO (p90 TTFT <= 500 ms, ITL p99 <= 200 ms) it takes. Legs: the profile's own
+(pdctl.bench.runner.eviction.legs: off, bidirectional off with prefill prefix caching on, the honest baseline; on-
+prefill, every warm turn through a prefill, which reads from the decode what its cache lacks; on, today's defaults;
+agg, aggregated engines on the same GPUs) and off-seed (prefix caching off on the prefill too: the seed's). Each
+leg's report names the path it measured.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdctl.bench.runner import capacity
+from pdctl.bench.runner import capacity, eviction
 from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
+from pdctl.topology import load
 from tests.conftest import free_port as ephemeral_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,12 +120,12 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
             agg_leg("agg", 2 * n), agg_leg("agg1", 1)]
     if args.profile == "eviction":
         small = f"extra_args.prefill=[--num-gpu-blocks,'{args.prefill_blocks}']"
-        legs = [f"off-cached:connector.bidirectional_kv_xfer=false,{small}",
-                f"off-seed:connector.bidirectional_kv_xfer=false,prefill[*].prefix_caching=false,{small}",
-                f"on:connector.bidirectional_kv_xfer=true,{small}",
-                f"on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0,{small}"]
+        shared = eviction.legs(load(path))
+        legs = [f"{leg.name}:{','.join(leg.overrides if leg.name == 'agg' else [*leg.overrides, small])}"
+                for leg in shared]
+        legs.append(f"off-seed:connector.bidirectional_kv_xfer=false,prefill[*].prefix_caching=false,{small}")
         if args.legs == DEFAULT_LEGS:
-            args.legs = "off-cached,off-seed,on,on-prefill"
+            args.legs = "off,off-seed,on-prefill,on,agg"
     legs = [leg for leg in legs if leg.split(":", 1)[0] in args.legs.split(",")]
     legs = [leg if leg.startswith(("agg:", "agg1:")) else ",".join([leg, *args.set]) for leg in legs]
     if not args.fresh:
@@ -135,10 +138,11 @@ def run(shape: str, args: argparse.Namespace, out: Path, tmp: Path) -> list[capa
 
 def bench(shape: str, sessions: str, legs: list[str], args: argparse.Namespace, out: Path, path: Path,
           tmp: Path) -> list[capacity.Point]:
-    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), "--sweep", f"sessions={sessions}",
+    profile = ["--profile", "evict"] if args.profile == "eviction" else []
+    cmd = [sys.executable, "-m", "pdctl", "bench", "-t", str(path), *profile, "--sweep", f"sessions={sessions}",
            "--slo", args.slo, "--turns", str(args.turns), "--output-tokens", str(args.output_tokens),
            "--system-tokens", str(args.system_tokens), "--tool-tokens", args.tool_tokens, "--think-s", args.think_s,
-           "--arrival-rate", str(args.arrival_rate), "--out", str(out), "--json"]
+           "--arrival-rate", str(args.arrival_rate), "--runs", str(args.runs), "--out", str(out), "--json"]
     for leg in legs:
         cmd += ["--leg", leg]
     print("$", " ".join(cmd[1:]).replace(str(path), f"<{shape} topology>"), flush=True)
@@ -164,6 +168,7 @@ def main() -> int:
     p.add_argument("--tool-tokens", default="200-2000")
     p.add_argument("--think-s", default="0.5-3")
     p.add_argument("--arrival-rate", type=float, default=2.0)
+    p.add_argument("--runs", type=int, default=2, help="plays per point (2: a third when the two differ > 10 %%)")
     p.add_argument("--local-tokens", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=8, help="per engine (8: the H200 runs' setting)")
     p.add_argument("--num-blocks", type=int, default=H200_KV_BLOCKS,
@@ -187,9 +192,10 @@ def main() -> int:
                    help="--profile eviction: KV blocks of 256 tokens per prefill (160: 41k tokens)")
     args = p.parse_args()
     if args.profile == "eviction":
+        shape = eviction.EVICT_AGENT
         args.topologies = "2p2d" if args.topologies == "1p1d,2p2d" else args.topologies
-        args.slo = "ttft_p90=500,itl_p99=200" if args.slo == "ttft_p90=500" else args.slo
-        args.think_s = "2-8" if args.think_s == "0.5-3" else args.think_s
+        args.slo = eviction.EVICT_SLO if args.slo == "ttft_p90=500" else args.slo
+        args.think_s = f"{shape.think_s.low:g}-{shape.think_s.high:g}" if args.think_s == "0.5-3" else args.think_s
         args.tag = args.tag or "eviction"
     _next_port[0] = args.port_base
     _prefix[0] = args.name_prefix
@@ -208,7 +214,7 @@ def main() -> int:
             top = max(pd_legs, key=lambda leg: best[leg])
             agg = best.get("agg", 0)  # measured: one aggregated engine per GPU behind the router
             agg1_bound = best.get("agg1", 0) * gpus  # one engine's sessions times the GPUs, split perfectly
-            base = "off-cached" if "off-cached" in best else "off"
+            base = "off"
             print(f"\nbest P/D leg: {top} with {best[top]} sessions; {base} {best.get(base, 0)}; "
                   f"agg {agg} on {gpus} GPUs; agg1 {best.get('agg1', 0)} on 1 GPU, at most {agg1_bound} on {gpus}")
             off = best.get(base, 0)

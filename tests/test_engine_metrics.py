@@ -38,3 +38,13 @@ def test_log_lines_read_as_the_counters_a_scrape_would_show() -> None:
     assert kv[em.NIXL_XFER_SECONDS] == pytest.approx((4 * 1.381 + 2 * 10.0) / 1000)
     assert kv[em.NIXL_FAILED] == 4 and kv[em.NIXL_EXPIRED] == 2
     assert em.kv_log_samples(["no metrics here"]) == {}
+
+
+def test_kv_capacity_is_blocks_times_block_size_from_cache_config_info() -> None:
+    from pdctl.engine_metrics import kv_capacity_tokens
+
+    text = ('# HELP vllm:cache_config_info x\nvllm:cache_config_info{block_size="256",engine="0",'
+            'num_gpu_blocks="160"} 1.0\n')
+    assert kv_capacity_tokens(text) == 40960
+    assert kv_capacity_tokens("vllm:num_requests_running 0\n") is None
+    assert kv_capacity_tokens('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0') is None

@@ -23,8 +23,9 @@ def bench(
     overrides: SetOpt = None,
     profile: Annotated[
         str, typer.Option(help="Workload defaults: quick (minutes on the simulator), full (the seed's sweep, "
-                          "7 lengths x 10 conversations x 10 turns) or agent (agent sessions for --sweep/--slo); "
-                          "the flags below override it.")
+                          "7 lengths x 10 conversations x 10 turns), agent (agent sessions for --sweep/--slo) or "
+                          "evict (agent sessions that exceed the prefills' KV; legs off, on-prefill, on, agg; "
+                          "docs/benchmarking.md); the flags below override it.")
     ] = "quick",
     lengths: Annotated[
         str | None, typer.Option(help="Tokens of history at turn 1, comma-separated.", show_default=False)
@@ -75,10 +76,14 @@ def bench(
                              ] = 6000,
     tool_tokens: Annotated[str, typer.Option(help="Agent profile: tool result tokens per turn, N or LOW-HIGH.")
                            ] = "200-2000",
-    think_s: Annotated[str, typer.Option(help="Agent profile: seconds between a reply and the next turn, N or "
-                                         "LOW-HIGH (divided by sim.speed on the simulator).")] = "0.5-3",
-    arrival_rate: Annotated[float, typer.Option(help="Agent profile: sessions arriving per second (Poisson, "
-                                                "times sim.speed on the simulator); 0: all at once.")] = 1.0,
+    think_s: Annotated[str | None, typer.Option(help="Agent profile: seconds between a reply and the next turn, N "
+                                                "or LOW-HIGH (divided by sim.speed on the simulator); default "
+                                                "0.5-3, evict 2-8.", show_default=False)] = None,
+    arrival_rate: Annotated[float | None, typer.Option(help="Agent profile: sessions arriving per second (Poisson, "
+                                                       "times sim.speed on the simulator); 0: all at once; default "
+                                                       "1, evict 2.", show_default=False)] = None,
+    runs: Annotated[int, typer.Option(help="Capacity runs: plays per session count; with 2, a third when the two "
+                                      "differ by more than 10 % in an SLO figure.")] = 2,
     accept_new_host_keys: AcceptOpt = False,
     ssh_config: SshConfigOpt = None,
     known_hosts: KnownHostsOpt = None,
@@ -89,7 +94,8 @@ def bench(
     plays the conversations.
 
     Writes requests.json, legs.json, summary.csv, three plots (ttft_vs_length.png, prefill_split.png,
-    ttft_stages.png) and report.md to --out; exits 1 when a guard fails. Ctrl-C writes the report of the
+    ttft_stages.png) and report.md to --out (a capacity run also capacity.json and goodput.png); exits 1 when a
+    guard fails. Ctrl-C writes the report of the
     requests that finished and exits 130.
     """
     args = BenchArgs(
@@ -97,7 +103,7 @@ def bench(
         conversations=conversations, turns=turns, user_tokens=user_tokens, output_tokens=output_tokens,
         clients=clients, rate=rate, api=api, legs=leg, no_redeploy=no_redeploy, input_file=input_file, seed=seed,
         warmup=not no_warmup, client=client, sweep=sweep, slo=slo, system_tokens=system_tokens,
-        tool_tokens=tool_tokens, think_s=think_s, arrival_rate=arrival_rate,
+        tool_tokens=tool_tokens, think_s=think_s, arrival_rate=arrival_rate, runs=runs,
     )
     opts = bench_options(args, ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts))
     result, files = run(opts, Console(stderr=True, soft_wrap=True), out_dir)

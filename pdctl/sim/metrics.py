@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.metrics import MetricWrapperBase
 
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -31,6 +31,7 @@ class SimMetrics:
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         r = self.registry
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, as vLLM's /metrics has: the bench warns near 1 core
         self._values = {"model_name": model_name, "engine": "0"}
         self.running = Gauge("vllm:num_requests_running", "Requests running.", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r)

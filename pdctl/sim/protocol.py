@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -208,6 +209,13 @@ def middle_template(p: Parsed, rid: str, created: int, model: str) -> str:
     line = sse(chunk(p, rid, created, model, _SENTINEL, first=False, final=False))
     line = line.replace("{", "{{").replace("}", "}}")
     return line.replace(json.dumps(decode_piece(_SENTINEL))[1:-1], "{piece}").replace(str(_SENTINEL), "{tid}")
+
+
+@functools.lru_cache(maxsize=65536)
+def escaped_piece(token_id: int) -> str:
+    """A generated token's text as it goes inside a JSON string in `middle_template`'s {piece}: a token that is a
+    double quote or a backslash (the vocabulary has both) would otherwise end the string early."""
+    return json.dumps(decode_piece(token_id))[1:-1]
 
 
 def dumps_bytes(data: Any) -> bytes:

@@ -28,7 +28,7 @@ from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.gone import ClientGone, collect, unless_gone
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
-from pdctl.sim.tokenizer import decode, decode_piece, generate, token_str, unknown_share
+from pdctl.sim.tokenizer import decode, generate, token_str, unknown_share
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
 BATCH_CHUNKS = 16
@@ -304,12 +304,12 @@ class SimServer:
                 elif i == 0 and not p.chat:
                     yield sse(protocol.chunk(p, rid, created, p.model, token, first=True, final=False))
                 elif batch:
-                    pending.append(middle.format(piece=decode_piece(token), tid=token))
+                    pending.append(middle.format(piece=protocol.escaped_piece(token), tid=token))
                     if len(pending) >= BATCH_CHUNKS or i + 1 == last:
                         yield "".join(pending)
                         pending.clear()
                 else:
-                    yield middle.format(piece=decode_piece(token), tid=token)
+                    yield middle.format(piece=protocol.escaped_piece(token), tid=token)
                 i += 1
             if p.include_usage:
                 yield sse(protocol.usage_chunk(p, rid, created, p.model, len(run.output), self._cached(run)))

@@ -23,7 +23,7 @@ SLO = Slo(ttft_p90=500, itl_p99=200)
 def fake_play(limit: int, calls: list[int]) -> capacity.Play:
     """A deployment that holds `limit` sessions: warm TTFT 100 ms up to it, 1 s beyond."""
 
-    def play(n: int) -> list[RequestRecord]:
+    def play(n: int, run: int = 0) -> list[RequestRecord]:
         calls.append(n)
         ttft = 100.0 if n <= limit else 1000.0
         return [RequestRecord("x", n, f"s{i}", t, "completions", status=200, ttft_ms=ttft, itl_max_ms=50.0)
@@ -111,7 +111,7 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     out = tmp_path / "sweep"
     legs = ["--leg", "on:connector.bidirectional_kv_xfer=true", "--leg", "agg:mode=aggregated"]
     args = ["bench", "-t", str(sim_topology), *AGENT, "--sweep", "sessions=1,3", "--slo", "ttft_p90=60000",
-            "--out", str(out), "--json", "--set", "sim.args=[--step-model, h200-graphs]", *legs]
+            "--out", str(out), "--json", "--set", "sim.args=[--step-model, h200-graphs]", "--runs", "1", *legs]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads((out / "legs.json").read_text())
@@ -156,3 +156,43 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     (agg,) = json.loads((searched / "legs.json").read_text())["legs"]
     assert [p["sessions"] for p in agg["capacity"]] == [1]  # outside already at one session: nothing within
     assert "| agg | 0 |" in (searched / "report.md").read_text()
+
+
+def fig(ttft_p90: float, itl_p99: float, failed: int = 0) -> Point:
+    return Point("x", 4, 8, failed, ttft_p90 / 2, ttft_p90, itl_p99, itl_p99)
+
+
+def test_the_repeat_rule_asks_a_third_run_only_when_two_disagree() -> None:
+    a, near, far = fig(400, 100), fig(430, 105), fig(600, 100)
+    assert capacity.agree(a, near) and not capacity.agree(a, far)  # 7 % and 5 % apart; 33 % apart
+    assert not capacity.agree(a, fig(400, 100, failed=1))  # one run failed a request, the other did not
+    assert capacity.another_run([], 2) and capacity.another_run([a], 2)
+    assert not capacity.another_run([a, near], 2)
+    assert capacity.another_run([a, far], 2)
+    assert not capacity.another_run([a, far, near], 2)  # never a fourth
+    assert not capacity.another_run([a], 1)  # one run wanted: no rule
+    # the SLO's own keys decide: only TTFT p90 named, an ITL twice as large still agrees
+    assert capacity.agree(a, fig(410, 200), slo=Slo(ttft_p90=500))
+    assert not capacity.agree(a, fig(410, 200), slo=SLO)
+    assert capacity.kept_runs([a, far, near]) == (0, 2)
+    assert capacity.kept_runs([far, a, fig(620, 101)]) == (0, 2)
+
+
+def test_a_point_that_disagrees_is_played_a_third_time_and_pools_the_two_that_agree() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def play(n: int, run: int = 0) -> list[RequestRecord]:
+        calls.append((n, run))
+        ttft = 900.0 if run == 1 else 100.0 + run  # run 1 is an outlier
+        return [RequestRecord("x", n, f"s{i}-r{run}", t, "completions", status=200, ttft_ms=ttft, itl_max_ms=50.0)
+                for i in range(n) for t in range(2)]
+
+    p = capacity.measured("x", play, 3, runs=2, slo=SLO)
+    assert calls == [(3, 0), (3, 1), (3, 2)]
+    assert p.agreed is True and p.requests == 12  # runs 1 and 3 pooled: 2 x 3 sessions x 2 turns
+    assert [r["kept"] for r in p.runs] == [1.0, 0.0, 1.0] and p.ttft_p90 == 102.0  # not 900: run 2 left out
+    assert p.load is not None and capacity.runs_cell(p) == "3, kept 1+3"
+    assert Point(**p.to_json()) == Point.from_json(json.loads(json.dumps(p.to_json())))
+    calls.clear()
+    steady = capacity.measured("x", lambda n, run=0: play(n, 0), 2, runs=2, slo=SLO)
+    assert len(calls) == 2 and steady.agreed is True and capacity.runs_cell(steady) == "2, agree"

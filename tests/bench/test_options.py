@@ -55,3 +55,19 @@ def test_bad_values_are_usage_errors(args: BenchArgs, message: str, hint: str) -
     with pytest.raises(UsageError) as info:
         bench_options(args)
     assert (info.value.message, info.value.hint, info.value.exit_code) == (message, hint, 2)
+
+
+def test_the_eviction_profile_brings_its_legs_slo_and_agent_shape() -> None:
+    opts = bench_options(BenchArgs(TOPO, profile="evict"))
+    cap = opts.capacity
+    assert cap is not None and cap.evict and cap.sessions == () and cap.runs == 2
+    assert (cap.slo.ttft_p90, cap.slo.itl_p99) == (500.0, 200.0)
+    assert (cap.agent.think_s.low, cap.agent.think_s.high, cap.agent.arrival_rate) == (2.0, 8.0, 2.0)
+    assert [leg.name for leg in opts.legs] == ["off", "on-prefill", "on", "agg"]
+    assert "prefill[*].prefix_caching=true" in opts.legs[0].overrides  # OFF with the prefill's cache on
+    given = bench_options(BenchArgs(TOPO, profile="evict", think_s="1", legs=["x:router.port=18001"], runs=1))
+    assert given.capacity is not None and given.capacity.agent.think_s.high == 1.0 and given.capacity.runs == 1
+    assert [leg.name for leg in given.legs] == ["x"]
+    with pytest.raises(UsageError) as e:
+        bench_options(BenchArgs(TOPO, profile="evict", runs=0))
+    assert e.value.message == "--runs must be >= 1, got 0"

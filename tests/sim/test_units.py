@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -136,3 +137,19 @@ def test_stats_line_has_vllm_keys_in_order() -> None:
         "Avg post time (ms)=1.5, P90 post time (ms)=2.0, Avg MB per transfer=4.0, Throughput (MB/s)=200.0, "
         "Avg number of descriptors=96.0, Num failed transfers=1, Num KV expired reqs=0"
     )
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_streamed_token_that_is_a_quote_or_a_backslash_stays_valid_json(chat: bool) -> None:
+    """The fast path's chunk template takes each token's text escaped: `"` and `\\` are tokens of the vocabulary."""
+    from pdctl.sim import protocol
+    from pdctl.sim.tokenizer import decode_piece, token_str
+
+    p = protocol.Parsed(chat=chat, model="Qwen", prompt=[1, 2], max_tokens=4, finish_reason="length", stream=True,
+                        include_usage=False, return_token_ids=True, kv_params=None, thinking=False)
+    line = protocol.middle_template(p, "r1", 0, "Qwen")
+    for token in (1014, 1025, 1100):
+        assert token_str(token) in ('"', "\\") or token == 1100
+        data = json.loads(line.format(piece=protocol.escaped_piece(token), tid=token).removeprefix("data: "))
+        choice = data["choices"][0]
+        assert (choice["delta"]["content"] if chat else choice["text"]) == decode_piece(token)

@@ -7,8 +7,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pdctl.bench.output import plots
+from pdctl.bench.output import capacity_file, plots
 from pdctl.bench.results import stages
 from pdctl.bench.results.paths import leg_path
 from pdctl.bench.results.paths import paths as leg_paths
@@ -57,6 +58,8 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
         "passed": result.passed,
         "interrupted": result.interrupted,
         "workload": result.workload,
+        "host": result.host,
+        **({"eviction": result.eviction} if result.eviction is not None else {}),
         "legs": [leg.to_json() for leg in result.legs],
     }
     files.legs.write_text(json.dumps(meta, indent=1, default=str) + "\n")
@@ -71,7 +74,9 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
     if points:
         plots.plot_goodput(points, slo, f"Agent sessions within the SLO — {plots.label(result)}",
                            out / plots.GOODPUT_PNG)
-        text = _with_capacity(text, points, slo, result)
+        doc = capacity_file.document(result, points, slo)
+        (out / capacity_file.CAPACITY_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        text = _with_capacity(text, points, slo, result, doc)
     files.report.write_text(text)
     return files
 
@@ -83,7 +88,8 @@ def capacity_points(result: BenchResult) -> tuple[list[capacity.Point], capacity
     return points, slo
 
 
-def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, result: BenchResult) -> str:
+def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, result: BenchResult,
+                   doc: dict[str, Any]) -> str:
     """The capacity section goes first: in a capacity run the per-length tables below are per session count."""
     head, _, rest = text.partition("\n\n")
     agent = result.workload.get("agent") or {}
@@ -94,8 +100,38 @@ def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, r
              + (" and times are wall clock; in this table they are modelled (wall x sim.speed)." if result.simulated
                 else "."), ""]
     lines += capacity.table(points, slo)
-    lines += ["", f"![Goodput: sessions vs TTFT and inter-token gap]({plots.GOODPUT_PNG})", ""]
+    lines += ["", *_capacity_notes(doc), "", f"![Goodput: sessions vs TTFT and inter-token gap]({plots.GOODPUT_PNG})",
+              ""]
     return "\n".join(lines) + "\n" + rest
+
+
+def _capacity_notes(doc: dict[str, Any]) -> list[str]:
+    """Each leg's path and KV-source mix, the ratios, the eviction sizing, the machine's load and the warnings."""
+    lines = ["Legs by where their warm turns' KV came from (router `X-PD-KV-Reuse`, every point and run):", "",
+             "| leg | shape | path measured | warm turns | KV sources | sessions within SLO |",
+             "|---|---|---|---|---|---|"]
+    for leg in doc["legs"]:
+        mix = ", ".join(f"{k} {v}" for k, v in leg["kv_sources"].items()) or "-"
+        lines.append(f"| {leg['leg']} | {leg['shape'] or '-'} | {leg['path']} | {leg['warm_turns']} | {mix} | "
+                     f"{leg['sessions_within_slo']} |")
+    shown = ", ".join(f"{k} {'-' if v is None else f'{v:.2f}x'}" for k, v in doc["ratios"].items())
+    if shown:
+        lines += ["", f"Sessions within the SLO, ratios: {shown}."]
+    if doc.get("eviction"):
+        e = doc["eviction"]
+        kv = " + ".join(f"{t:,}" for t in e["prefill_kv_tokens"]) or "unknown"
+        lines += ["", f"Eviction profile: prefill KV {kv} tokens; a session's history at its last turn "
+                  f"{e['shared_tokens']:,} shared + {e['session_tokens']:,} of its own tokens; the histories exceed "
+                  f"the prefills' KV from {e['evict_from'] or 'an unknown number of'} sessions."]
+    host = doc["host"]
+    loads = [f"{k.removeprefix('load_average_').replace('_', ' ')} {v if not isinstance(v, list) else v[0]}"
+             for k, v in host.items() if k.startswith("load_average") and v is not None]
+    lines += ["", f"Machine: {host.get('cpus', '?')} cores; 1-minute load average {', '.join(loads)}. "
+              f"Each point is played {doc['workload'].get('runs', 1)} time(s), a third when two differ by more than "
+              f"{capacity.TOLERANCE:.0%} in an SLO figure; the table pools the two that agree best. Full figures: "
+              f"`{capacity_file.CAPACITY_JSON}`."]
+    lines += [f"\n**Warning**: {w}." for w in doc["warnings"]]
+    return lines
 
 
 def _write_csv(rows: list[SummaryRow], path: Path) -> None:

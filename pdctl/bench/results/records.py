@@ -107,6 +107,7 @@ class LegResult:
     wall_s: float = 0.0
     mode: str = "disaggregated"  # aggregated: engines serving whole requests, the baseline
     engines: int = 1  # engine processes the leg ran (aggregated: one per decode instance)
+    shape: str = ""  # 1P1D, 2P2D, 2 aggregated: what the leg deployed
     capacity: list[dict[str, Any]] = field(default_factory=list)  # capacity points (pdctl.bench.runner.capacity.Point)
 
     @property
@@ -120,6 +121,7 @@ class LegResult:
             "bidirectional": self.bidirectional,
             "mode": self.mode,
             "engines": self.engines,
+            **({"shape": self.shape} if self.shape else {}),
             "simulated": self.simulated,
             "passed": self.passed,
             "failures": self.failures,
@@ -144,6 +146,8 @@ class BenchResult:
     started_at: str = ""
     wall_s: float = 0.0
     interrupted: bool = False  # Ctrl-C: the legs hold what finished before it
+    host: dict[str, Any] = field(default_factory=dict)  # this machine: cpus, load average at the start and end
+    eviction: dict[str, Any] | None = None  # the eviction profile's sizing (pdctl.bench.runner.eviction.EvictionSize)
 
     @property
     def passed(self) -> bool:

@@ -8,6 +8,7 @@ A real vLLM has no such counters: its figures are then None, never a guess.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ SIM_PREFILL_TOKENS = "pdctl_sim_step_prefill_tokens_total"
 SIM_DECODE_TOKENS = "pdctl_sim_step_decode_tokens_total"
 SIM_KV_PEAK = "pdctl_sim_kv_blocks_peak"
 SIM_KV_BLOCKS = "pdctl_sim_kv_num_gpu_blocks"
+PROCESS_CPU = "process_cpu_seconds_total"
 
 
 def nixl_delta(before: Samples, after: Samples, source: str = "metrics") -> KvTransfer:
@@ -66,7 +68,9 @@ class EngineUsage:
     `kv_peak`: the most KV blocks in use at once since the engine started, as a fraction of its blocks;
     `kv_peak_in_span`: that mark rose during the span, so it is the span's own peak (else the span's is at most it).
     `steps`: how many steps that time took; each pays the step model's fixed part (base_ms), so a decoding engine
-    is busy whenever a stream is, and its work beyond that is busy x span - steps x base_ms."""
+    is busy whenever a stream is, and its work beyond that is busy x span - steps x base_ms.
+    `cpu`: the engine process's CPU time over the span's wall time, in cores (its `process_cpu_seconds_total`;
+    None where its /metrics has none): a simulator near one core runs behind its model (its --speed is too high)."""
 
     engine: str  # prefill-0, decode-0, or aggregated-0 (one per GPU)
     busy: float | None
@@ -75,6 +79,7 @@ class EngineUsage:
     kv_peak: float | None
     kv_peak_in_span: bool = False
     steps: int | None = None
+    cpu: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -84,11 +89,15 @@ class EngineUsage:
         return cls(**data)
 
 
-def usage_delta(engine: str, before: Samples, after: Samples, span_ms: float) -> EngineUsage | None:
-    """What one engine did between two scrapes `span_ms` (modelled) apart; None without any of the sim's counters
-    (a real vLLM) or across a restart (the step counter went down)."""
+def usage_delta(engine: str, before: Samples, after: Samples, span_ms: float,
+                wall_s: float = 0.0) -> EngineUsage | None:
+    """What one engine did between two scrapes `span_ms` (modelled; `wall_s` of wall time) apart; None without any
+    of the sim's counters or a process CPU counter (a real vLLM without them) or across a restart."""
+    cpu = None
+    if PROCESS_CPU in after and after[PROCESS_CPU] >= before.get(PROCESS_CPU, math.inf) and wall_s > 0:
+        cpu = (after[PROCESS_CPU] - before[PROCESS_CPU]) / wall_s
     if SIM_KV_PEAK not in after and SIM_STEPS not in after:
-        return None
+        return None if cpu is None else EngineUsage(engine, None, None, None, None, cpu=cpu)
     steps = SIM_STEPS in after and after[SIM_STEPS] >= before.get(SIM_STEPS, 0.0)
 
     def d(name: str) -> float:
@@ -105,17 +114,24 @@ def usage_delta(engine: str, before: Samples, after: Samples, span_ms: float) ->
         kv_peak=peak / blocks if peak is not None and blocks > 0 else None,
         kv_peak_in_span=peak is not None and peak != before.get(SIM_KV_PEAK),  # it rose, or the engine restarted
         steps=int(d(SIM_STEPS)) if steps else None,
+        cpu=cpu,
     )
 
 
 def scrape(transport: Transport, url: str, timeout: float = 30.0) -> Samples:
     """One engine's /metrics; empty when it does not answer."""
+    text = scrape_text(transport, url, timeout)
+    return parse_prometheus(text) if text else {}
+
+
+def scrape_text(transport: Transport, url: str, timeout: float = 30.0) -> str:
+    """One engine's /metrics text; empty when it does not answer."""
     try:
         with httpx.Client(timeout=timeout, transport=transport.http()) as client:
             resp = client.get(f"{url}/metrics")
     except httpx.HTTPError:
-        return {}
-    return parse_prometheus(resp.text) if resp.status_code == 200 else {}
+        return ""
+    return resp.text if resp.status_code == 200 else ""
 
 
 class UsageMeter:
@@ -124,6 +140,7 @@ class UsageMeter:
     def __init__(self, engines: Sequence[tuple[str, str, Transport]]) -> None:
         self.engines = list(engines)  # (name, url, transport)
         self._before: dict[str, Samples] = {}
+        self._started = 0.0
 
     @classmethod
     def for_leg(cls, ep: Endpoints, hosts: Mapping[str, Transport], aggregated: bool = False) -> UsageMeter:
@@ -136,7 +153,10 @@ class UsageMeter:
 
     def start(self) -> None:
         self._before = {name: scrape(t, url) for name, url, t in self.engines}
+        self._started = time.monotonic()
 
     def stop(self, span_ms: float) -> tuple[EngineUsage, ...]:
-        out = [usage_delta(name, self._before.get(name, {}), scrape(t, url), span_ms) for name, url, t in self.engines]
+        wall = time.monotonic() - self._started
+        out = [usage_delta(name, self._before.get(name, {}), scrape(t, url), span_ms, wall)
+               for name, url, t in self.engines]
         return tuple(u for u in out if u is not None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import cast
 
 from pdctl.bench.leg.legs import DEFAULT_LEGS, LegSpec, leg_topology, parse_legs
+from pdctl.bench.runner import eviction
 from pdctl.bench.runner.capacity import CapacityOptions, Slo, parse_sweep
 from pdctl.bench.runner.estimate import estimate
 from pdctl.bench.runner.run import BenchOptions, ClientWhere
@@ -65,8 +66,9 @@ class BenchArgs:
     slo: str | None = None
     system_tokens: int = 6000
     tool_tokens: str = "200-2000"
-    think_s: str = "0.5-3"
-    arrival_rate: float = 1.0
+    think_s: str | None = None  # None: the profile's (agent 0.5-3, evict 2-8)
+    arrival_rate: float | None = None  # None: the profile's (agent 1, evict 2)
+    runs: int = 2
 
 
 def parse_lengths(text: str) -> tuple[int, ...]:
@@ -106,7 +108,12 @@ def bench_options(args: BenchArgs, ssh: SshOptions | None = None) -> BenchOption
         legs = [known.get(leg.name, leg) if leg.name in bare else leg for leg in legs]
     capacity = None
     profile_name = args.profile
-    if args.sweep is not None or args.slo is not None or args.profile == "agent":
+    if args.profile == "evict":
+        capacity = _capacity(args, evict=True)
+        api, profile_name = "completions", "quick"
+        if not args.legs:
+            legs = eviction.legs(leg_topology(args.topology, list(args.overrides), LegSpec("base", ())))
+    elif args.sweep is not None or args.slo is not None or args.profile == "agent":
         capacity = _capacity(args)
         api, profile_name = "completions", "quick"
     base = profile(profile_name)
@@ -142,8 +149,9 @@ def bench_options(args: BenchArgs, ssh: SshOptions | None = None) -> BenchOption
 
 def profile(name: str) -> Profile:
     if name not in PROFILES:
-        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}, agent",
-                         hint="pass --profile quick, --profile full or --profile agent with --sweep/--slo")
+        raise UsageError(f"--profile {name!r} is not one of {', '.join(PROFILES)}, agent, evict",
+                         hint="pass --profile quick, --profile full, --profile agent with --sweep/--slo, or "
+                         "--profile evict")
     return PROFILES[name]
 
 
@@ -159,14 +167,21 @@ def estimate_line(opts: BenchOptions) -> str:
     return guess.line(topo.engine == "sim")
 
 
-def _capacity(args: BenchArgs) -> CapacityOptions:
+def _capacity(args: BenchArgs, evict: bool = False) -> CapacityOptions:
+    """The agent (or eviction) profile's sessions; the eviction profile searches its SLO (500 ms TTFT p90, 200 ms
+    ITL p99 unless --slo says) from the first session count that evicts when no --sweep is given."""
+    base = eviction.EVICT_AGENT if evict else AgentSpec()
     agent = AgentSpec(
-        sessions=1, turns=args.turns or 6, system_tokens=args.system_tokens,
+        sessions=1, turns=args.turns or base.turns, system_tokens=args.system_tokens,
         tool_tokens=Range.parse(args.tool_tokens, "--tool-tokens"), output_tokens=args.output_tokens or 200,
-        think_s=Range.parse(args.think_s, "--think-s"), arrival_rate=args.arrival_rate, seed=args.seed,
+        think_s=Range.parse(args.think_s, "--think-s") if args.think_s is not None else base.think_s,
+        arrival_rate=args.arrival_rate if args.arrival_rate is not None else base.arrival_rate, seed=args.seed,
     )
+    slo = args.slo or (eviction.EVICT_SLO if evict else None)
+    if args.runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {args.runs}", hint="--runs 2 (a third when two disagree)")
     return CapacityOptions(agent, sessions=parse_sweep(args.sweep) if args.sweep else (),
-                           slo=Slo.parse(args.slo) if args.slo else Slo())
+                           slo=Slo.parse(slo) if slo else Slo(), runs=args.runs, evict=evict)
 
 
 def _given(value: int | None, default: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from pdctl.bench.leg import guards
 from pdctl.bench.leg.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
 from pdctl.bench.results.records import BenchResult, LegResult, RequestRecord
-from pdctl.bench.runner import capacity, probe
+from pdctl.bench.runner import capacity, eviction, probe
 from pdctl.bench.runner.collect import UsageMeter
 from pdctl.bench.traffic.agent import play_sessions
 from pdctl.bench.traffic.client import ClientOptions, play
@@ -92,6 +92,7 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
         simulated=base.engine == "sim",
         workload=_describe(opts.workload, opts),
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        host={"cpus": os.cpu_count() or 0, "load_average_start": _load()},
     )
     # Every leg's topology and the corpus are checked before anything is stopped or started.
     topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
@@ -128,7 +129,7 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
                 continue
             workload = _calibrated(workload, ep, hosts)
             result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
-            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts))
+            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts, result))
             current = None
     except KeyboardInterrupt:  # keep what finished: the report is written from it
         result.interrupted = True
@@ -147,7 +148,13 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
             else:
                 deployer.down(base)
     result.wall_s = time.monotonic() - start
+    result.host["load_average_end"] = _load()
     return result
+
+
+def _load() -> list[float]:
+    """This machine's load average over 1, 5 and 15 minutes."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 class _Kept:
@@ -202,7 +209,7 @@ def client_where(opts: BenchOptions, topo: Topology, hosts: Hosts) -> str:
 
 def run_leg(
     spec: LegSpec, topo: Topology, ep: Endpoints, workload: WorkloadSpec, opts: BenchOptions, progress: Progress,
-    hosts: Hosts,
+    hosts: Hosts, result: BenchResult | None = None,
 ) -> LegResult:
     leg = LegResult(
         name=spec.name,
@@ -211,6 +218,8 @@ def run_leg(
         simulated=topo.engine == "sim",
         mode=topo.mode,
         engines=len(ep.prefill_urls) + len(ep.decode_urls),
+        shape=f"{len(ep.decode_urls)} aggregated" if topo.mode == "aggregated"
+        else f"{len(ep.prefill_urls)}P{len(ep.decode_urls)}D",
     )
     started = time.monotonic()
     client = ClientOptions(
@@ -224,7 +233,14 @@ def run_leg(
         seed=workload.seed,
     )
     if opts.capacity is not None:
-        return _capacity_leg(spec, topo, ep, leg, client, opts.capacity, progress, hosts, started)
+        cap = opts.capacity
+        evict_from = 0
+        if cap.evict:
+            size = _eviction_size(cap, ep, hosts, progress, result)
+            evict_from = size.evict_from
+            if result is not None:
+                result.eviction = size.to_json()
+        return _capacity_leg(spec, topo, ep, leg, client, cap, progress, hosts, started, evict_from)
     plans = build(workload)
     player = _player(opts, topo, hosts)
     if opts.warmup and not _warm_up(spec.name, plans[0], client, progress, leg, player):
@@ -248,22 +264,39 @@ def run_leg(
     return leg
 
 
+def _eviction_size(cap: capacity.CapacityOptions, ep: Endpoints, hosts: Hosts, progress: Progress,
+                   result: BenchResult | None) -> eviction.EvictionSize:
+    """The prefills' KV read once, at the first P/D leg; later legs (and an aggregated one, which has no prefill)
+    keep that sizing so every leg plays the same session counts."""
+    if result is not None and result.eviction is not None and (result.eviction["evict_from"] or not ep.prefill_urls):
+        known = result.eviction
+        return eviction.EvictionSize(tuple(known["prefill_kv_tokens"]), known["shared_tokens"],
+                                     known["session_tokens"], known["evict_from"])
+    size = eviction.size(eviction.prefill_capacity(ep, hosts) if ep.prefill_urls else [None], cap.agent)
+    progress.note(f"eviction profile: {size.describe()}")
+    return size
+
+
 def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, client: ClientOptions,
-                  cap: capacity.CapacityOptions, progress: Progress, hosts: Hosts, started: float) -> LegResult:
-    """Agent sessions, N per point; each point's sessions are new (their own seed) but share the system prompt.
-    A simulator's --speed divides the arrival and think times, as it divides the engines' time."""
+                  cap: capacity.CapacityOptions, progress: Progress, hosts: Hosts, started: float,
+                  evict_from: int = 0) -> LegResult:
+    """Agent sessions, N per point; each point's sessions are new (their own seed) but share the system prompt, and
+    each run of a point has sessions of its own. A simulator's --speed divides the arrival and think times, as it
+    divides the engines' time. `evict_from` (the eviction profile, 0: unknown): the fewest sessions that evict, where
+    its search starts; each point says whether it evicts."""
     scale = topo.sim.speed if topo.engine == "sim" else 1.0
     transport = hosts[ep.router_node].async_http()
     kv_meter = probe.KvMeter(ep, hosts)  # the prefills' D->P reads per point, as the sweep meters them per length
 
-    def play_n(n: int) -> list[RequestRecord]:
-        agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
-        progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
+    def play_n(n: int, run: int = 0) -> list[RequestRecord]:
+        seed = cap.agent.seed * 1000 + n + run * capacity.RUN_SEED
+        agent = dataclasses.replace(cap.agent, sessions=n, seed=seed, run=run)
+        progress.leg_started(f"{spec.name} x{n}" + (f" run {run + 1}" if run else ""), n * agent.turns)
         kv_meter.start()
         records = _run_interruptible(
             lambda: play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
         kv = kv_meter.stop()
-        leg.kv_by_length[n] = kv
+        leg.kv_by_length[n] = leg.kv_by_length[n] + kv if n in leg.kv_by_length else kv  # every run of the point
         leg.kv = leg.kv + kv
         for rec in records:
             rec.length = n  # a capacity record's "length" is its point's session count
@@ -271,7 +304,10 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
         return records
 
     meter = UsageMeter.for_leg(ep, hosts, aggregated=topo.mode == "aggregated")
-    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap, scale, meter)]
+    points = capacity.measure(spec.name, play_n, cap, scale, meter, evict_from or 1)
+    if evict_from:
+        points = [dataclasses.replace(p, evicts=p.sessions >= evict_from) for p in points]
+    leg.capacity = [p.to_json() for p in points]
     leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
     leg.failures = guards.check(leg, count_failed=False)
     leg.wall_s = time.monotonic() - started
@@ -356,7 +392,8 @@ def _describe(w: WorkloadSpec, opts: BenchOptions) -> dict[str, object]:
                       "tool_tokens": f"{a.tool_tokens.low:g}-{a.tool_tokens.high:g}",
                       "output_tokens": a.output_tokens, "think_s": f"{a.think_s.low:g}-{a.think_s.high:g}",
                       "arrival_rate": a.arrival_rate, "seed": a.seed},
-            "sessions": list(cap.sessions) or "search", "slo": slo,
+            "sessions": list(cap.sessions) or "search", "slo": slo, "runs": cap.runs,
+            **({"profile": "evict"} if cap.evict else {}),
         }
     return {
         "api": w.api,

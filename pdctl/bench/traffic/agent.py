@@ -67,6 +67,7 @@ class AgentSpec:
     api: Api = "completions"
     seed: int = 0
     token_id_high: int = 30000
+    run: int = 0  # a capacity point's repeat: its sessions' keys say which (n8-r1-s0), so no two runs share one
 
     def __post_init__(self) -> None:
         for name in ("sessions", "turns", "system_tokens", "task_tokens", "output_tokens"):
@@ -96,7 +97,8 @@ def build_sessions(spec: AgentSpec) -> list[ConversationPlan]:
 
         first: Segment = prefix + ids(spec.task_tokens)
         tools: tuple[Segment, ...] = tuple(ids(round(spec.tool_tokens.draw(rng))) for _ in range(spec.turns - 1))
-        plans.append(ConversationPlan(f"n{spec.sessions}-s{i}", AGENT_LENGTH, i, first, tools))
+        key = f"n{spec.sessions}-r{spec.run}-s{i}" if spec.run else f"n{spec.sessions}-s{i}"
+        plans.append(ConversationPlan(key, AGENT_LENGTH, i, first, tools))
     return plans
 
 
