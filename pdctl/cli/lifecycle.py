@@ -36,7 +36,7 @@ def up(
     from pdctl.lifecycle import UpOptions
     from pdctl.lifecycle import up as do_up
 
-    topo = load_topology(topology, overrides)
+    topo = load_topology(topology, overrides, noted=True)
     opts = UpOptions(
         ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
         rolling=rolling, provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,

@@ -89,7 +89,7 @@ def _root(
 @app.command()
 def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
     """Check a topology file and report every problem with its file:line."""
-    topo = load_topology(topology, overrides)
+    topo = load_topology(topology, overrides, noted=True)
     out.print(
         f"[green]ok[/] {topo.name}: {len(topo.prefill)} prefill, {len(topo.decode)} decode, "
         f"engine {topo.engine}, {len(topo.nodes)} node(s)"
@@ -103,7 +103,7 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
 @app.command()
 def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
-    shown = planned(load_topology(topology, overrides))
+    shown = planned(load_topology(topology, overrides, noted=True))
     if as_json:
         print(plan_json(shown.specs))
         return
