@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from pdctl.cli.complete import process_names
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json, say
 from pdctl.cli.support import load_topology
@@ -122,7 +123,8 @@ class _Printed:
 
 
 def logs(
-    process: Annotated[str | None, typer.Argument(help="Process name (router, prefill-0, decode-0...).")] = None,
+    process: Annotated[str | None, typer.Argument(help="Process name (router, prefill-0, decode-0...).",
+                                                  autocompletion=process_names)] = None,
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (one process).")] = False,
