@@ -24,7 +24,8 @@ def up(
         "finish), the others serving.")] = False,
     skip_provision: Annotated[bool, typer.Option("--skip-provision", help="Do not provision the hosts.")] = False,
     allow_reboot: Annotated[bool, typer.Option("--allow-reboot", help="Provisioning may reboot hosts.")] = False,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds to wait for health.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Seconds to wait for health.", show_default="1800 with engine vllm, 120 with sim")] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke-test", help="Skip the two-turn reuse check.")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print every change `up` would make, per host; change nothing.")

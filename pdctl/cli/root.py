@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 
 from pdctl import __version__
 from pdctl.cli.errors import DEBUG, reported
+from pdctl.cli.help_examples import epilog
 from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
 from pdctl.cli.output import err, out, say
 from pdctl.cli.support import load_topology
@@ -48,17 +49,15 @@ class RootGroup(TyperGroup):
             return super().invoke(ctx)
 
 
-EXAMPLES = """Examples:
-
-\b
-    pdctl demo                          # simulated 1P1D on free ports: up, OFF/ON bench, down
-    pdctl init --example local-sim      # write ./pdctl.yaml, which every command reads by default
-    pdctl validate && pdctl up          # check the file, then start it
-    pdctl status                        # health, KV use, router hit rate
-    pdctl bench --lengths 2000,8000     # OFF vs ON legs, report and plots
-    pdctl down
-    pdctl --install-completion          # tab completion for your shell (bash, zsh, fish)
-"""
+EXAMPLES = epilog([
+    ("pdctl demo", "simulated 1P1D on free ports: up, OFF/ON bench, down"),
+    ("pdctl init --example local-sim", "write ./pdctl.yaml, read by default"),
+    ("pdctl validate && pdctl up", "check the file, then start it"),
+    ("pdctl status", "health, KV use, router hit rate"),
+    ("pdctl bench --lengths 2000,8000", "OFF vs ON legs, report and plots"),
+    ("pdctl down", ""),
+    ("pdctl --install-completion", "tab completion (bash, zsh, fish)"),
+])
 
 app = typer.Typer(
     cls=RootGroup,
@@ -124,6 +123,8 @@ from pdctl.cli.lifecycle import register as _register_lifecycle; _register_lifec
 from pdctl.cli.observe import register as _register_observe; _register_observe(app)  # noqa: E402, E702, I001
 from pdctl.cli.router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 from pdctl.cli.tokenizer import register as _register_tokenizer; _register_tokenizer(app)  # noqa: E402, E702, I001
+# Last: each registered command gets the examples at the foot of its --help.
+from pdctl.cli.help_examples import add_examples; add_examples(app)  # noqa: E402, E702, I001
 
 
 def main() -> None:

@@ -36,8 +36,8 @@ def test_help_has_examples_and_the_completion_options() -> None:
     shown = CliRunner(env={"COLUMNS": "120"}).invoke(app, ["--help"])
     assert shown.exit_code == 0
     assert "--install-completion" in shown.stdout and "--show-completion" in shown.stdout
-    assert "pdctl --install-completion          # tab completion for your shell (bash, zsh, fish)" in shown.stdout
-    assert "pdctl init --example local-sim      # write ./pdctl.yaml" in shown.stdout
+    assert "pdctl --install-completion  # tab completion (bash, zsh, fish)" in shown.stdout
+    assert "pdctl init --example local-sim  # write ./pdctl.yaml" in shown.stdout
 
 
 def test_example_names_complete() -> None:
