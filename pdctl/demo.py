@@ -22,16 +22,16 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from pdctl.bench import report
-from pdctl.bench.agent import AgentSpec, Range
-from pdctl.bench.capacity import CapacityOptions, Slo
-from pdctl.bench.capacity import table as capacity_table
-from pdctl.bench.legs import parse_legs
-from pdctl.bench.options import parse_lengths
-from pdctl.bench.records import BenchResult
-from pdctl.bench.report import ReportFiles
-from pdctl.bench.run import BenchOptions, Progress, run_bench
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.leg.legs import parse_legs
+from pdctl.bench.output import report
+from pdctl.bench.output.report import ReportFiles
+from pdctl.bench.results.records import BenchResult
+from pdctl.bench.runner.capacity import CapacityOptions, Slo
+from pdctl.bench.runner.capacity import table as capacity_table
+from pdctl.bench.runner.options import parse_lengths
+from pdctl.bench.runner.run import BenchOptions, Progress, run_bench
+from pdctl.bench.traffic.agent import AgentSpec, Range
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.errors import UsageError
 from pdctl.examples import example
 from pdctl.state import pdctl_home
@@ -118,9 +118,9 @@ def write_eviction_topology(opts: DemoOptions) -> Path:
 def run_eviction(opts: DemoOptions, console: Console, progress: Progress,
                  on_topology: Callable[[Topology, Path], None]) -> tuple[BenchResult, ReportFiles]:
     """The eviction case: N agent sessions, OFF (prefill caching on) then ON, on 2P2D; down whatever happened."""
-    from pdctl.bench.deploy import LifecycleDeployer
-    from pdctl.lifecycle.down import down
-    from pdctl.lifecycle.up import up
+    from pdctl.bench.leg.deploy import LifecycleDeployer
+    from pdctl.lifecycle.bringup.pipeline import up
+    from pdctl.lifecycle.changes.down import down
 
     path = write_eviction_topology(opts)
     topo = load(path)
@@ -158,9 +158,9 @@ def run_demo(
     opts: DemoOptions, console: Console, progress: Progress, on_topology: Callable[[Topology, Path], None]
 ) -> tuple[BenchResult, ReportFiles]:
     """Up (with the smoke test), bench OFF then ON, down: down runs whatever happened before it."""
-    from pdctl.bench.deploy import LifecycleDeployer
-    from pdctl.lifecycle.down import down
-    from pdctl.lifecycle.up import up
+    from pdctl.bench.leg.deploy import LifecycleDeployer
+    from pdctl.lifecycle.bringup.pipeline import up
+    from pdctl.lifecycle.changes.down import down
 
     opts.out.mkdir(parents=True, exist_ok=True)
     path = write_topology(opts)

@@ -1,8 +1,8 @@
 """Reading what an engine (vLLM, or the simulator) says about itself: its `/metrics` Prometheus text, and the
 `KV Transfer metrics:` lines its NIXL connector logs where it has no metrics. Both read into one shape, `Samples`.
 
-Pure and tolerant: lines and keys it does not know are skipped, never fatal. `pdctl status` (lifecycle/status.py)
-and the bench's KV meter (bench/collect.py) read through here; it imports nothing of pdctl.
+Pure and tolerant: lines and keys it does not know are skipped, never fatal. `pdctl status` (lifecycle/watch/status.py)
+and the bench's KV meter (bench/runner/collect.py) read through here; it imports nothing of pdctl.
 """
 
 from __future__ import annotations

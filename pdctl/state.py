@@ -34,7 +34,8 @@ def state_path(name: str) -> Path:
 
 def argv_hash(spec: ProcessSpec) -> str:
     """Identity of what a process runs: argv and environment; a change means it must be restarted. A router's
-    members are left out: they change through its members file, without a restart (pdctl.lifecycle.membership)."""
+    members are left out: they change through its members file, without a restart
+    (pdctl.lifecycle.changes.membership)."""
     env = sorted((k, reveal(v)) for k, v in spec.env.items())  # a new token restarts; only a hash is kept
     argv = without_members(spec.argv) if spec.role == "router" and "--members-file" in spec.argv else spec.argv
     data = json.dumps([list(argv), env], separators=(",", ":"))

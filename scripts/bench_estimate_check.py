@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pdctl.bench.estimate import BENCH_OVERHEAD_S, estimate, leg_overhead_s, play_s, warmup_s
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.runner.estimate import BENCH_OVERHEAD_S, estimate, leg_overhead_s, play_s, warmup_s
+from pdctl.bench.traffic.workload import WorkloadSpec
 
 CASES = {
     "2x2x3": WorkloadSpec(lengths=(2000, 8000), conversations=2, turns=3, user_tokens=150, output_tokens=64),

@@ -8,7 +8,7 @@ simulator's own step model (pdctl.sim.steps.H200_GRAPHS), for N sessions, per ar
   pd*    1P1D with the best split of warm prefill work: a fraction f of warm turns through the prefill, the rest
          computed on the decode; f minimises the larger of the two GPUs' utilizations
 
-Assumptions (each one checkable against pdctl/sim/steps.py and pdctl/bench/agent.py):
+Assumptions (each one checkable against pdctl/sim/steps.py and pdctl/bench/traffic/agent.py):
 - The workload is the sweeps' agent profile at its means: 6 turns, a 6000-token shared system prompt, 300-token
   task; each later turn adds the previous 200 output tokens and a tool result (mean of 200-1000), think time the
   mean of 0.5-3 s between turns (none after the last). Turn k's prompt is L_k = 6300 + k * 800.

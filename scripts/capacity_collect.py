@@ -20,7 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdctl.bench import capacity, plots
+from pdctl.bench.output import plots
+from pdctl.bench.runner import capacity
 
 
 def leg_name(log: Path, leg: str) -> str:

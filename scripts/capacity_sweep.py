@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdctl.bench import capacity
+from pdctl.bench.runner import capacity
 from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from tests.conftest import free_port as ephemeral_port
 

@@ -5,9 +5,9 @@ Both play the same multi-turn chat conversations (pdctl bench's workload, the sh
 benchmark client; token ids with --api completions) against the same simulated engines (a fresh prefill and
 decode per leg, speed 1, bidirectional KV, so the proxy's turns find no cache the router's left behind). The proxy
 does what vLLM's example proxy does with bidirectional KV: it keeps the decode's last handle per session and sends
-it to the prefill on the next turn, unverified. Each leg is split into the bench's stages (pdctl/bench/stages.py):
-router in, prefill hop, D->P read, P->D pull, decode first token, router out; the proxy sends the router's timing
-headers.
+it to the prefill on the next turn, unverified. Each leg is split into the bench's stages
+(pdctl/bench/results/stages.py): router in, prefill hop, D->P read, P->D pull, decode first token, router out; the
+proxy sends the router's timing headers.
 
     python scripts/critical_path.py                               # 2k, 8k, 16k, 24k; 3 conversations of 4 turns
     python scripts/critical_path.py --lengths 2000,24000 --out /tmp/cp   # also a bench report with the stage plot
@@ -39,11 +39,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdctl.bench import report, stages
-from pdctl.bench.client import ClientOptions, play
-from pdctl.bench.collect import nixl_delta
-from pdctl.bench.records import BenchResult, LegResult
-from pdctl.bench.workload import Conversation, WorkloadSpec, build
+from pdctl.bench.output import report
+from pdctl.bench.results import stages
+from pdctl.bench.results.records import BenchResult, LegResult
+from pdctl.bench.runner.collect import nixl_delta
+from pdctl.bench.traffic.client import ClientOptions, play
+from pdctl.bench.traffic.workload import Conversation, WorkloadSpec, build
 from pdctl.engine_metrics import parse_prometheus
 from scripts import router_bench
 from scripts.router_bench import free_port, wait_health

@@ -4,7 +4,7 @@ costs against OFF where the prefill's own prefix cache holds every conversation 
 
 Legs: off (bidirectional off), on (today's defaults: conditional disaggregation, the cheapest source of the
 history with router.min_read_tokens), on-prefill (every warm turn through the prefill: router.local_prefill_tokens
-0). Prints each leg's measured path (pdctl.bench.paths) and the median warm TTFT per length, ON less OFF.
+0). Prints each leg's measured path (pdctl.bench.results.paths) and the median warm TTFT per length, ON less OFF.
 
     python scripts/kv_source_bench.py --speed 3 --lengths 2000,8000,16000,24000 --conversations 2 --turns 4
 """
@@ -23,9 +23,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pdctl.bench.paths import leg_path  # noqa: E402
-from pdctl.bench.records import LegResult, RequestRecord  # noqa: E402
-from pdctl.bench.stats import percentile  # noqa: E402
+from pdctl.bench.results.paths import leg_path  # noqa: E402
+from pdctl.bench.results.records import LegResult, RequestRecord  # noqa: E402
+from pdctl.bench.results.stats import percentile  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
 LEGS = ["off:connector.bidirectional_kv_xfer=false",

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console
 
 from pdctl.lifecycle import UpOptions, down, up
-from pdctl.lifecycle.engine_key import read_key
+from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology, load

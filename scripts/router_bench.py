@@ -284,8 +284,8 @@ def main() -> None:
 
 
 def long_ttfts(url: str, lengths: list[int], conversations: int, leg: str) -> dict[int, list[float]]:
-    from pdctl.bench.client import ClientOptions, play
-    from pdctl.bench.workload import Conversation, WorkloadSpec, build
+    from pdctl.bench.traffic.client import ClientOptions, play
+    from pdctl.bench.traffic.workload import Conversation, WorkloadSpec, build
 
     spec = WorkloadSpec(lengths=tuple(lengths), conversations=conversations, turns=3, user_tokens=512,
                         output_tokens=64, api="completions")

@@ -2,8 +2,9 @@
 
 Every `import` of a pdctl module counts, function-local ones too; imports under `if TYPE_CHECKING:` do not (they
 never run), except inside the router, whose stages (ROUTER_STAGES) may not name a stage above them even for a
-type. A rule broken today and being fixed is listed in KNOWN_VIOLATIONS; the test fails on any other violation, and
-on a listed one that no longer occurs, so the list only shrinks.
+type, and between the folders of pdctl.lifecycle and pdctl.bench (FOLDER_STAGES), likewise. A rule broken today
+and being fixed is listed in KNOWN_VIOLATIONS; the test fails on any other violation, and on a listed one that no
+longer occurs, so the list only shrinks.
 """
 
 from __future__ import annotations
@@ -38,6 +39,27 @@ ROUTER_STAGES: tuple[tuple[str, ...], ...] = (
     ("pdctl.router.api",),
     ("pdctl.router.server", "pdctl.router.serve", "pdctl.router.__main__"),
 )
+
+# The folders of pdctl.lifecycle and pdctl.bench, from the bottom: a module imports only its own and lower folders
+# of its package (type-only imports included); the package's own top (its __init__, the bench's session) is last.
+# A module belongs to the first stage one of whose names it is or is inside of; every module of the package has one.
+FOLDER_STAGES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "pdctl.lifecycle": (
+        ("pdctl.lifecycle.hosts",),
+        ("pdctl.lifecycle.changes",),
+        ("pdctl.lifecycle.bringup",),
+        ("pdctl.lifecycle.watch",),
+        ("pdctl.lifecycle",),
+    ),
+    "pdctl.bench": (
+        ("pdctl.bench.results",),
+        ("pdctl.bench.traffic",),
+        ("pdctl.bench.leg",),
+        ("pdctl.bench.runner",),
+        ("pdctl.bench.output",),
+        ("pdctl.bench", "pdctl.bench.session"),
+    ),
+}
 
 # Lower layers never import higher ones; a module belongs to the first layer one of whose prefixes it matches.
 # pdctl.sim is in no layer: it imports nothing of pdctl (sim-stands-apart).
@@ -192,6 +214,29 @@ def router_stage(module: str) -> int:
     return -1
 
 
+def folder_stage(package: str, module: str) -> int:
+    """The folder of `package` (a key of FOLDER_STAGES) that `module` is in, as an index; -1 for none. The package
+    itself and its flat modules are named exactly; a folder holds everything inside it."""
+    for n, names in enumerate(FOLDER_STAGES[package]):
+        if module in names or any(_inside(module, s) for s in names if s != package):
+            return n
+    return -1
+
+
+def folder_imports(package: str) -> list[Import]:
+    """`package`'s imports of its own modules, type-only ones too."""
+    return [i for i in dict.fromkeys(i for m in MODULES if _inside(m, package) for i in imports_of(m, typing=True))
+            if _inside(i.target, package)]
+
+
+def folders(imports: dict[str, list[Import]] | None = None) -> Iterator[tuple[str, Import]]:
+    """One-way arrows between the folders of pdctl.lifecycle and pdctl.bench: never to a folder above."""
+    for package in FOLDER_STAGES:
+        for i in folder_imports(package) if imports is None else imports.get(package, []):
+            if folder_stage(package, i.target) > folder_stage(package, i.source):
+                yield "folders", i
+
+
 def router_stages() -> Iterator[tuple[str, Import]]:
     for i in ROUTER_IMPORTS:
         if router_stage(i.target) > router_stage(i.source):
@@ -243,6 +288,7 @@ RULES: dict[str, Callable[[], Iterator[tuple[str, Import]]]] = {
     "cli-is-top": cli_is_top,
     "layers": layers,
     "router-stages": router_stages,
+    "folders": folders,
 }
 
 
@@ -318,8 +364,45 @@ else:
 def f():
     from pdctl.remote.procs import kill_script, parse_ps
 """
-    found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.example", text)]
+    found = [(i.target, int(i.where.rpartition(":")[2])) for i in imports_of("pdctl.lifecycle.hosts.example", text)]
     assert list(dict.fromkeys(found)) == [
-        ("pdctl.plan", 3), ("pdctl.router.turn.decode", 4), ("pdctl.router.turn", 4), ("pdctl.lifecycle.wait", 5),
+        ("pdctl.plan", 3), ("pdctl.router.turn.decode", 4), ("pdctl.router.turn", 4), ("pdctl.lifecycle.hosts.wait", 5),
         ("pdctl.errors", 9), ("pdctl.remote.procs", 11)]
     assert len(MODULES) > 100 and len(IMPORTS) > 300
+
+
+@pytest.mark.parametrize("package", list(FOLDER_STAGES))
+def test_every_module_is_in_a_folder(package: str) -> None:
+    """A new module of pdctl.lifecycle or pdctl.bench is placed in a folder on purpose, not left flat by accident;
+    every folder named exists."""
+    stray = [m for m in MODULES if _inside(m, package) and folder_stage(package, m) < 0]
+    assert not stray, f"{package} modules in no folder of FOLDER_STAGES: {stray}"
+    assert {folder_stage(package, m) for m in MODULES if _inside(m, package)} == set(range(len(FOLDER_STAGES[package])))
+
+
+@pytest.mark.parametrize("package", list(FOLDER_STAGES))
+def test_folders_have_no_import_cycle_even_through_types(package: str) -> None:
+    found = cycles(folder_imports(package))
+    assert not found, f"{package} import cycles (type-only imports included): " + "; ".join(", ".join(c) for c in found)
+
+
+def test_the_folder_rule_fails_on_an_upward_import() -> None:
+    """A planted import from a lower folder to a higher one (the host layer naming `status`, the records naming the
+    report) breaks the rule; the same import downward, and one within a folder, do not."""
+    text = """
+from pdctl.lifecycle.watch.status import status
+from pdctl.lifecycle.hosts import wait
+"""
+    planted = imports_of("pdctl.lifecycle.hosts.launch", text, typing=True)
+    assert [i.target for i in planted] == ["pdctl.lifecycle.watch.status", "pdctl.lifecycle.hosts.wait"]
+    bench = imports_of("pdctl.bench.results.records", "from pdctl.bench.output import report\n", typing=True)
+    down = imports_of("pdctl.bench.output.report", "from pdctl.bench.results import records\n", typing=True)
+    found = [(rule, i.source, i.target) for rule, i in folders(
+        {"pdctl.lifecycle": [*folder_imports("pdctl.lifecycle"), *planted],
+         "pdctl.bench": [*folder_imports("pdctl.bench"), *bench, *down]})]
+    assert found == [("folders", "pdctl.lifecycle.hosts.launch", "pdctl.lifecycle.watch.status"),
+                     ("folders", "pdctl.bench.results.records", "pdctl.bench.output.report")]
+    # and the test that runs the rule reports it
+    with pytest.raises(AssertionError, match="folders broken"):
+        _check({i.key(rule): i.where for rule, i in folders({"pdctl.bench": bench})}, "folders")
+    assert len(folder_imports("pdctl.lifecycle")) > 40 and len(folder_imports("pdctl.bench")) > 40

@@ -11,19 +11,19 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pdctl.bench import report
-from pdctl.bench.options import estimate_line
-from pdctl.bench.progress import make_progress
-from pdctl.bench.records import BenchResult
-from pdctl.bench.report import ReportFiles
-from pdctl.bench.run import BenchOptions, run_bench
+from pdctl.bench.output import report
+from pdctl.bench.output.progress import make_progress
+from pdctl.bench.output.report import ReportFiles
+from pdctl.bench.results.records import BenchResult
+from pdctl.bench.runner.options import estimate_line
+from pdctl.bench.runner.run import BenchOptions, run_bench
 
 
 def bench(opts: BenchOptions, console: Console, out_dir: Path | None = None) -> tuple[BenchResult, ReportFiles]:
     """Run every leg and write the report to `out_dir` (default bench-out/NAME-TIME)."""
     deployer = None
     if not opts.no_redeploy:
-        from pdctl.bench.deploy import LifecycleDeployer
+        from pdctl.bench.leg.deploy import LifecycleDeployer
 
         deployer = LifecycleDeployer(console, opts.ssh)
     console.print(estimate_line(opts), highlight=False, markup=False)

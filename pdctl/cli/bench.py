@@ -1,5 +1,5 @@
 """`pdctl bench`: the multi-turn TTFT A/B benchmark (legs, plots, report); the checks live in
-`pdctl.bench.options`, the run in `pdctl.bench.session`."""
+`pdctl.bench.runner.options`, the run in `pdctl.bench.session`."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pdctl.bench.options import APIS, CLIENTS, PROFILES, BenchArgs, bench_options
-from pdctl.bench.render import as_json, print_outcome
+from pdctl.bench.output.render import as_json, print_outcome
+from pdctl.bench.runner.options import APIS, CLIENTS, PROFILES, BenchArgs, bench_options
 from pdctl.bench.session import bench as run
 from pdctl.cli.complete import choices
 from pdctl.cli.errors import INTERRUPTED_EXIT
@@ -118,7 +118,7 @@ def bench_play(
     out_file: Annotated[Path, typer.Argument(help="Where to write the request records (JSON).")],
 ) -> None:
     """Internal: play a bench's conversations on this node (pdctl bench runs it on the router's node)."""
-    from pdctl.bench.remote_play import play_file as run_play
+    from pdctl.bench.traffic.remote_play import play_file as run_play
 
     run_play(play_file, out_file)
 

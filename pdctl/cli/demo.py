@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pdctl.bench.estimate import estimate
-from pdctl.bench.progress import make_progress
-from pdctl.bench.render import print_outcome
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.output.progress import make_progress
+from pdctl.bench.output.render import print_outcome
+from pdctl.bench.runner.estimate import estimate
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.cli.output import err, out, pdctl_command, say
 from pdctl.demo import DemoOptions, capacity_lines, demo_options, run_demo, run_eviction
 from pdctl.topology import Topology

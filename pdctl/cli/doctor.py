@@ -1,4 +1,4 @@
-"""`pdctl doctor`: a thin shell over `pdctl.lifecycle.doctor`."""
+"""`pdctl doctor`: a thin shell over `pdctl.lifecycle.bringup.doctor`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import typer
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import out, print_json
 from pdctl.cli.support import load_topology
-from pdctl.lifecycle.doctor import diagnose
+from pdctl.lifecycle.bringup.doctor import diagnose
 
 
 def doctor_command(

@@ -44,8 +44,8 @@ def up(
         rolling=rolling, provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
     )
     if dry_run:
-        from pdctl.lifecycle.dry_run import dry_run as do_dry_run
-        from pdctl.lifecycle.dry_run import render_dry_run
+        from pdctl.lifecycle.bringup.dry_run import dry_run as do_dry_run
+        from pdctl.lifecycle.bringup.dry_run import render_dry_run
 
         report = do_dry_run(topo, opts)
         render_dry_run(report, out)
@@ -73,7 +73,7 @@ def status(
 ) -> None:
     """Health, pids, uptime, engine KV/NIXL metrics, GPU memory and the router's reuse hit rate."""
     from pdctl.lifecycle import status as do_status
-    from pdctl.lifecycle.status_view import render_status
+    from pdctl.lifecycle.watch.status_view import render_status
 
     if watch is not None and not watch > 0:
         raise UsageError(f"--watch {watch:g} is not a positive number of seconds", hint="e.g. --watch 2")
@@ -135,7 +135,7 @@ def logs(
     known_hosts: KnownHostsOpt = None,
 ) -> None:
     """Print the log of one process (default: every process, the last lines of each)."""
-    from pdctl.lifecycle.logs import logs as show_logs
+    from pdctl.lifecycle.watch.logs import logs as show_logs
 
     topo = load_topology(topology, overrides)
     ssh = ssh_options(accept_new_host_keys, ssh_config, known_hosts)
@@ -155,8 +155,8 @@ def port_forward(
     """Open a local port to the router (through SSH for a remote router node) until Ctrl-C."""
     import threading
 
-    from pdctl.lifecycle.port_forward import Forwarding
-    from pdctl.lifecycle.port_forward import port_forward as forward
+    from pdctl.lifecycle.watch.port_forward import Forwarding
+    from pdctl.lifecycle.watch.port_forward import port_forward as forward
 
     stop = threading.Event()
 

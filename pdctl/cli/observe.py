@@ -1,6 +1,6 @@
 """`pdctl observe` (a Prometheus scrape configuration, the Grafana dashboard, optionally a Prometheus) and
-`pdctl top` (the dashboard's figures live in the terminal): thin shells over `pdctl.lifecycle.observe` and
-`pdctl.lifecycle.top`."""
+`pdctl top` (the dashboard's figures live in the terminal): thin shells over `pdctl.lifecycle.watch.observe` and
+`pdctl.lifecycle.watch.top`."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def observe(
 ) -> None:
     """Render a Prometheus scrape configuration of the deployment (every router and engine) and pdctl's Grafana
     dashboard; with --start, run a real Prometheus on the router's node. Keys go to 0600 files, never to stdout."""
-    from pdctl.lifecycle.observe import DASHBOARD, prometheus_dir
-    from pdctl.lifecycle.observe import observe as do_observe
+    from pdctl.lifecycle.watch.observe import DASHBOARD, prometheus_dir
+    from pdctl.lifecycle.watch.observe import observe as do_observe
 
     topo = load_topology(topology, overrides)
     if out_dir is None and not start:
@@ -67,7 +67,7 @@ def top(
 ) -> None:
     """The dashboard's figures, live: TTFT/ITL percentiles, reuse outcomes and reasons, KV source and movement,
     pinned KV per decode, admission and refusals, each instance's health and load (Ctrl-C to stop)."""
-    from pdctl.lifecycle.top import Sampler, render_top
+    from pdctl.lifecycle.watch.top import Sampler, render_top
 
     if not interval > 0:
         raise UsageError(f"--interval {interval:g} is not a positive number of seconds", hint="e.g. --interval 2")

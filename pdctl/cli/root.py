@@ -21,7 +21,7 @@ from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
 from pdctl.cli.output import err, out, say
 from pdctl.cli.support import load_topology
 from pdctl.examples import own_host_fields
-from pdctl.lifecycle.planned import planned
+from pdctl.lifecycle.bringup.planned import planned
 from pdctl.plan_view import plan_json, render_plan
 
 

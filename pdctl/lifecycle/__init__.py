@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from pdctl.lifecycle.down import DownReport, down
-from pdctl.lifecycle.status import StatusReport, status
-from pdctl.lifecycle.up import Deployment, UpOptions, up
+from pdctl.lifecycle.bringup.pipeline import Deployment, UpOptions, up
+from pdctl.lifecycle.changes.down import DownReport, down
+from pdctl.lifecycle.watch.status import StatusReport, status
 
 __all__ = ["Deployment", "DownReport", "StatusReport", "UpOptions", "down", "status", "up"]

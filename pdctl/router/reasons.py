@@ -53,7 +53,7 @@ P_TO_D = "p_to_d"  # the decode was offered the prefill's prompt KV (its own pre
 def kv_source(outcome: str, reason: str, read: int | None = None, cached: int | None = None) -> str:
     """Where a turn's history KV came from, given its X-PD-KV-Reuse outcome, reason and, where the prefill
     reported them, what it read from the decode and what its own prefix cache held. The one account: the router's
-    metric and traces, the bench's path labels (pdctl.bench.paths). A warm turn's miss (bidirectional off, a
+    metric and traces, the bench's path labels (pdctl.bench.results.paths). A warm turn's miss (bidirectional off, a
     released handle, ...) whose prefill found part of the prompt in its own cache is `prefill_cache`: nothing was
     read and not all was recomputed; a conversation's first turn is `recomputed` whatever the cache shared."""
     if reason == DECODE_LOCAL:

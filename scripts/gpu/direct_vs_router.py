@@ -24,8 +24,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pdctl.bench.client import ClientOptions, play
-from pdctl.bench.workload import Conversation, WorkloadSpec, build
+from pdctl.bench.traffic.client import ClientOptions, play
+from pdctl.bench.traffic.workload import Conversation, WorkloadSpec, build
 from pdctl.router.turn.verify import hit_params, miss_params
 
 

@@ -25,7 +25,7 @@ legs_a=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on:connector.bidirectional_kv_xfer=true")
 legs_b=(--leg "agg:mode=aggregated,model.gpu_memory_utilization=0.9")
 
-running() { [ -e "$base/bench-$1.pid" ] && kill -0 "$(cat "$base/bench-$1.pid")" 2>/dev/null; }
+. "$(dirname "$0")/lib.sh"
 
 start_bench() {  # start_bench NAME LEGS...
   local name=$1; shift
@@ -63,20 +63,9 @@ case $stage in
       cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
       touch "$base/setup.done"; tail -5 "$base/saved/setup.txt"
     fi
-    for name in $benches; do
-      [ -e "$base/bench-$name.saved" ] && continue
-      if ! running "$name" && [ ! -e "$base/bench-$name.pid" ]; then
-        if [ "$name" = a ]; then start_bench a "${legs_a[@]}"; else start_bench b "${legs_b[@]}"; fi
-      fi
-      while [ $SECONDS -lt "$deadline" ] && running "$name"; do sleep 5; done
-      if running "$name"; then echo "bench $name still running ($(date -u +%T))"; tail -6 "$base/bench-$name.log"; break; fi
-      save "$name"; echo "bench $name done ($(date -u +%T))"; tail -30 "$base/bench-$name.log"
-    done
-    /opt/torch/.venv/bin/python -m pip list 2>/dev/null | grep -i -E "^(vllm|nixl|nixl-cu13|torch) " > "$base/saved/versions.txt"
-    nvidia-smi --query-gpu=index,memory.used --format=csv > "$base/saved/gpu-now.txt"
-    tar -C "$base/saved" -czf "$out/meta.tgz" --exclude='*.tgz' .   # $OUT returns at most 8 files
-    cp "$base/saved/"*.tgz "$out/" 2>/dev/null
-    ls -l "$out"
+    # shellcheck disable=SC2086  # $benches: the names, split
+    run_benches "$deadline" 30 $benches
+    send_saved
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

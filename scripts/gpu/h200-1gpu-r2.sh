@@ -34,6 +34,8 @@ if [ "${PDCTL_GPU_RUN:-r2}" = r3 ]; then
   benches="a"
 fi
 
+. "$(dirname "$0")/lib.sh"
+
 receive() {
   for p in "$PWD"/.gpu/wh/p*/part* "$PWD"/.gpu/wh/p*/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
   ls -l "$base/parts"
@@ -55,11 +57,6 @@ start_bench() {  # start_bench NAME LEGS...
     >"$base/bench-$name.log" 2>&1 &
   echo $! > "$base/bench-$name.pid"
   echo "bench $name started, pid $! ($(date -u +%T))"
-}
-
-running() {
-  { [ -e "$base/bench-$1.pid" ] && kill -0 "$(cat "$base/bench-$1.pid")" 2>/dev/null; } ||
-    pgrep -f -- "--out $base/bench-$1 " >/dev/null
 }
 
 save() {  # save NAME: the bench's report dir, its log and every engine/router log line about KV transfer
@@ -89,22 +86,10 @@ case $stage in
       cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
       touch "$base/setup.done"; tail -15 "$base/saved/setup.txt"
     fi
-    for name in $benches; do
-      [ -e "$base/bench-$name.saved" ] && continue
-      if ! running "$name" && [ ! -e "$base/bench-$name.pid" ]; then
-        if [ "$name" = a ]; then start_bench a "${legs_a[@]}"; else start_bench b "${legs_b[@]}"; fi
-      fi
-      while [ $SECONDS -lt "$deadline" ] && running "$name"; do sleep 5; done
-      if running "$name"; then echo "bench $name still running ($(date -u +%T))"; tail -8 "$base/bench-$name.log"; break; fi
-      save "$name"; echo "bench $name done ($(date -u +%T))"; tail -25 "$base/bench-$name.log"
-    done
-    /opt/torch/.venv/bin/python -m pip list 2>/dev/null | grep -i -E "^(vllm|nixl|nixl-cu13|torch|ucx) " > "$base/saved/versions.txt"
-    nvidia-smi --query-gpu=index,memory.used --format=csv > "$base/saved/gpu-now.txt"
-    # $OUT returns at most 8 files: the benches' and logs' tarballs, and one of everything else
-    tar -C "$base/saved" -czf "$out/meta.tgz" --exclude='*.tgz' .
-    cp "$base/saved/"*.tgz "$out/" 2>/dev/null
+    # shellcheck disable=SC2086  # $benches: the names, split
+    run_benches "$deadline" 25 $benches
     cp "$base/saved/setup.txt" "$out/" 2>/dev/null
-    ls -l "$out"
+    send_saved
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

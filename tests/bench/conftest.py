@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pdctl.lifecycle.down import down
+from pdctl.lifecycle.changes.down import down
 from pdctl.topology import load
 from tests.conftest import free_port
 

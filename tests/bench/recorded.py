@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
+from pdctl.bench.results.records import BenchResult, KvTransfer, LegResult, RequestRecord
 
 SAMPLES = Path(__file__).parent / "samples"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdctl.bench import agent
-from pdctl.bench.agent import AgentSpec, Range
-from pdctl.bench.workload import Conversation
+from pdctl.bench.traffic import agent
+from pdctl.bench.traffic.agent import AgentSpec, Range
+from pdctl.bench.traffic.workload import Conversation
 from pdctl.errors import UsageError
 
 

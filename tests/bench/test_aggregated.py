@@ -9,7 +9,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from pdctl.bench.legs import endpoints, parse_leg
+from pdctl.bench.leg.legs import endpoints, parse_leg
 from pdctl.cli import app
 from pdctl.plan import plan
 from pdctl.topology import load

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pdctl.bench import capacity
-from pdctl.bench.capacity import Point, Slo
-from pdctl.bench.collect import EngineUsage
-from pdctl.bench.records import RequestRecord
+from pdctl.bench.results.records import RequestRecord
+from pdctl.bench.runner import capacity
+from pdctl.bench.runner.capacity import Point, Slo
+from pdctl.bench.runner.collect import EngineUsage
 from pdctl.cli import app
 from pdctl.errors import UsageError
 

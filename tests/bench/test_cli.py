@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pdctl.bench.legs import DEFAULT_LEGS, LegSpec, parse_leg, parse_legs
+from pdctl.bench.leg.legs import DEFAULT_LEGS, LegSpec, parse_leg, parse_legs
 from pdctl.cli import app
 from pdctl.errors import UsageError
 
@@ -68,7 +68,7 @@ def test_a_bare_leg_name_is_a_default_leg_or_refused() -> None:
         "hint: a leg is NAME:key=value,... (e.g. --leg b128:model.block_size=128); `--leg bogus:` benches the "
         "topology as it is",
     ]
-    from pdctl.bench.options import BenchArgs, bench_options
+    from pdctl.bench.runner.options import BenchArgs, bench_options
 
     opts = bench_options(BenchArgs(topology=topo, legs=["on", "mine:"]))
     assert [(leg.name, leg.overrides) for leg in opts.legs] == [("on", ("connector.bidirectional_kv_xfer=true",)),

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.client import ClientOptions, play
-from pdctl.bench.workload import Api, Conversation, WorkloadSpec, build
+from pdctl.bench.traffic.client import ClientOptions, play
+from pdctl.bench.traffic.workload import Api, Conversation, WorkloadSpec, build
 from tests.router.conftest import RouterProc, corrupt, router_process
 from tests.support.sim_procs import SERVED, SimPair, sim_pair
 

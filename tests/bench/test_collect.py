@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.collect import EngineUsage, kv_from_log, nixl_delta, usage_delta
+from pdctl.bench.runner.collect import EngineUsage, kv_from_log, nixl_delta, usage_delta
 from pdctl.engine_metrics import has_nixl, parse_kv_log_line, parse_prometheus
 
 SAMPLES = Path(__file__).parent / "samples"

@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from pdctl.bench.legs import endpoints
+from pdctl.bench.leg.legs import endpoints
 from pdctl.cli import app
-from pdctl.lifecycle.up import UpOptions, up
+from pdctl.lifecycle.bringup.pipeline import UpOptions, up
 from pdctl.topology import load
 
 pytestmark = pytest.mark.slow

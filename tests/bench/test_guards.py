@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pdctl.bench.guards import check
+from pdctl.bench.leg.guards import check
 from tests.bench.recorded import leg
 
 

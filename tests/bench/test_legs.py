@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pdctl import plan as planning
-from pdctl.bench import legs
-from pdctl.bench.legs import endpoints
+from pdctl.bench.leg import legs
+from pdctl.bench.leg.legs import endpoints
 from pdctl.cli import app
 from pdctl.plan import ProcessSpec, plan
 from pdctl.topology import Topology, load
@@ -37,7 +37,7 @@ def test_each_leg_is_planned_once(sim_topology: Path, monkeypatch: pytest.Monkey
         return planning.plan(topo)
 
     monkeypatch.setattr(legs, "plan", counted)
-    monkeypatch.setattr(importlib.import_module("pdctl.lifecycle.up"), "plan", counted)
+    monkeypatch.setattr(importlib.import_module("pdctl.lifecycle.bringup.pipeline"), "plan", counted)
     args = ["bench", "-t", str(sim_topology), "--lengths", "128", "--conversations", "1", "--turns", "2",
             "--user-tokens", "16", "--output-tokens", "4", "--clients", "1", "--no-warmup",
             "--out", str(sim_topology.parent / "out")]

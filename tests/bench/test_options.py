@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.legs import DEFAULT_LEGS, LegSpec
-from pdctl.bench.options import PROFILES, BenchArgs, bench_options, estimate_line
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.leg.legs import DEFAULT_LEGS, LegSpec
+from pdctl.bench.runner.options import PROFILES, BenchArgs, bench_options, estimate_line
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.errors import UsageError
 from pdctl.remote.sshconnect import SshOptions
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdctl.bench.legs import Endpoints
-from pdctl.bench.probe import KvMeter
+from pdctl.bench.leg.legs import Endpoints
+from pdctl.bench.runner.probe import KvMeter
 from pdctl.remote.local import LocalTransport
 
 SAMPLES = Path(__file__).parent / "samples"

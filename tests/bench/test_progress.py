@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from pdctl.bench.estimate import estimate
-from pdctl.bench.progress import LineProgress
-from pdctl.bench.records import RequestRecord
-from pdctl.bench.workload import WorkloadSpec
+from pdctl.bench.output.progress import LineProgress
+from pdctl.bench.results.records import RequestRecord
+from pdctl.bench.runner.estimate import estimate
+from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.cli import app
 
 
@@ -73,7 +73,14 @@ def test_a_bench_without_a_terminal_prints_the_estimate_then_progress_lines(
 
 def test_the_estimate_is_its_terms_per_leg_plus_once_per_bench() -> None:
     """Per leg: the conversations (clients at a time), two warm-up turns, the redeploy; once: start and report."""
-    from pdctl.bench.estimate import BENCH_OVERHEAD_S, LEG_OVERHEAD_S, REQUEST_OVERHEAD_MS, play_s, turn_ms, warmup_s
+    from pdctl.bench.runner.estimate import (
+        BENCH_OVERHEAD_S,
+        LEG_OVERHEAD_S,
+        REQUEST_OVERHEAD_MS,
+        play_s,
+        turn_ms,
+        warmup_s,
+    )
 
     spec = WorkloadSpec(lengths=(2000, 8000), conversations=2, turns=3, user_tokens=100, output_tokens=10)
     # an infinitely fast simulator leaves only the fixed cost of each request

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench import report
-from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
-from pdctl.bench.stats import percentile, ratios, summarize
+from pdctl.bench.output import report
+from pdctl.bench.results.records import BenchResult, KvTransfer, LegResult, RequestRecord
+from pdctl.bench.results.stats import percentile, ratios, summarize
 from tests.bench.recorded import bench
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -50,13 +50,13 @@ def test_simulated_runs_say_so_in_every_title(tmp_path: Path) -> None:
     md = files.report.read_text()
     assert md.splitlines()[0].endswith("simulated engines (pdctl.sim)")
     assert "**Simulated engines**" in md
-    from pdctl.bench import plots
+    from pdctl.bench.output import plots
 
     assert plots.label(bench(simulated=True)) == "simulated engines (pdctl.sim)"
 
 
 def test_prefill_split_uses_the_kv_transfer_per_reusing_turn() -> None:
-    from pdctl.bench import plots
+    from pdctl.bench.output import plots
 
     result = bench()
     splits = plots.prefill_splits(result, summarize(result.legs))
@@ -75,7 +75,7 @@ def test_percentile_matches_numpy_linear() -> None:
 def test_summary_table_renders_means_ratios_and_hit_rates() -> None:
     from rich.console import Console
 
-    from pdctl.bench.render import summary_table
+    from pdctl.bench.output.render import summary_table
 
     console = Console(width=100, color_system=None, record=True, file=io.StringIO())
     console.print(summary_table(bench()))
@@ -90,7 +90,7 @@ def test_summary_table_renders_means_ratios_and_hit_rates() -> None:
 def test_turns_the_decode_ran_alone_are_counted_as_hits_and_shown() -> None:
     from dataclasses import replace
 
-    from pdctl.bench.stats import reuse_counts
+    from pdctl.bench.results.stats import reuse_counts
 
     result = bench()
     on = result.legs[1]
@@ -104,7 +104,7 @@ def test_turns_the_decode_ran_alone_are_counted_as_hits_and_shown() -> None:
 
 
 def test_the_report_splits_warm_ttft_into_stages_with_a_stacked_plot(tmp_path: Path) -> None:
-    from pdctl.bench.records import BenchResult, KvTransfer, LegResult, RequestRecord
+    from pdctl.bench.results.records import BenchResult, KvTransfer, LegResult, RequestRecord
 
     def rec(turn: int) -> RequestRecord:
         return RequestRecord(leg="on", length=2000, conversation_id="c", turn=turn, api="chat", status=200,
@@ -140,7 +140,8 @@ def test_a_leg_that_moved_no_kv_cannot_be_labelled_bidirectional(tmp_path: Path,
     """Issue 29: the demo's "ON" leg ran every warm turn on the decode alone (0 transfers, 0 GiB) while its plots
     said "bidirectional on". Whatever its turns' headers say, a leg that moved nothing from a decode is flagged,
     and neither its label, its plot titles nor its table row calls it bidirectional."""
-    from pdctl.bench import paths, plots
+    from pdctl.bench.output import plots
+    from pdctl.bench.results import paths
 
     off, on = _warm_leg("off", False, "not_eligible", "miss"), _warm_leg("on", True, reason, read=read)
     result = BenchResult("t", True, {}, [off, on])
@@ -157,7 +158,7 @@ def test_a_leg_that_moved_no_kv_cannot_be_labelled_bidirectional(tmp_path: Path,
 
 
 def test_a_leg_that_read_from_its_decodes_is_labelled_by_its_measured_shares() -> None:
-    from pdctl.bench import paths
+    from pdctl.bench.results import paths
 
     on = _warm_leg("on", True, "verified", read=700, transfers=8, nbytes=8 * 2**30)
     p = paths.leg_path(on)
@@ -173,7 +174,7 @@ def test_an_unmetered_leg_counts_the_reads_its_turns_reported() -> None:
     """A capacity leg meters no prefill transfers (source none): the turns' read= say what moved, GiB unknown."""
     import math
 
-    from pdctl.bench import paths
+    from pdctl.bench.results import paths
 
     on = _warm_leg("on", True, "verified", read=700)
     on.kv = KvTransfer()

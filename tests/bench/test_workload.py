@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pdctl.bench.workload import Conversation, WorkloadSpec, build
+from pdctl.bench.traffic.workload import Conversation, WorkloadSpec, build
 from pdctl.errors import UsageError
 
 

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError
 from pdctl.lifecycle import UpOptions, up
-from pdctl.lifecycle.preflight import preflight
+from pdctl.lifecycle.bringup.preflight import preflight
 from pdctl.plan import plan
 from pdctl.remote.local import LocalTransport
 from tests.conftest import free_port

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import pdctl
 from pdctl.cli import app
 from pdctl.lifecycle import down
-from pdctl.lifecycle.provision import OPERATIONS
+from pdctl.lifecycle.bringup.provision import OPERATIONS
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import load

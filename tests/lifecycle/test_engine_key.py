@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, up
-from pdctl.lifecycle.engine_key import read_key
+from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.plan import engine_key_path, plan
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore

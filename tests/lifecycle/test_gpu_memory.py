@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from pdctl.errors import LaunchError
-from pdctl.lifecycle import gpu_memory
+from pdctl.lifecycle.hosts import gpu_memory
 from pdctl.plan import plan
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pdctl.facts.base import layout_for, layouts_from_env
-from pdctl.lifecycle.down import _gpu_holders
-from pdctl.lifecycle.status import _gpu_memory
+from pdctl.lifecycle.changes.down import _gpu_holders
+from pdctl.lifecycle.watch.status import _gpu_memory
 from pdctl.markers import MARKER
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess

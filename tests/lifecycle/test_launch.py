@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdctl.bench import probe
+from pdctl.bench.runner import probe
 from pdctl.errors import LaunchError
-from pdctl.lifecycle.launch import health
-from pdctl.lifecycle.wait import default_check
+from pdctl.lifecycle.hosts.launch import health
+from pdctl.lifecycle.hosts.wait import default_check
 from pdctl.plan import ProcessSpec
 from pdctl.remote.local import LocalTransport
 from tests.conftest import free_port

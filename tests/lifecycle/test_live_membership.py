@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from pdctl.lifecycle import UpOptions, up
-from pdctl.lifecycle.engine_key import read_key
+from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.remote.local import LocalTransport
 from pdctl.router.wire import RouterStats
 from pdctl.state import StateStore

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from pdctl.cli import app
 from pdctl.errors import LaunchError
 from pdctl.lifecycle import UpOptions, down, status, up
-from pdctl.lifecycle.status_view import render_status
+from pdctl.lifecycle.watch.status_view import render_status
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
 from tests.lifecycle.conftest import MakeTopo

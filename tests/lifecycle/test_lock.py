@@ -15,7 +15,7 @@ from tests.lifecycle.conftest import MakeTopo
 
 HOLD = """
 import sys
-from pdctl.lifecycle.lock import deployment_lock
+from pdctl.lifecycle.hosts.lock import deployment_lock
 with deployment_lock(sys.argv[1], "up"):
     print("held", flush=True)
     sys.stdin.readline()

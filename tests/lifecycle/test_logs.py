@@ -1,4 +1,4 @@
-"""`pdctl.lifecycle.logs`: the end of the logs through the node's transport, and `follow` writing what is appended
+"""`pdctl.lifecycle.watch.logs`: the end of the logs through the node's transport, and `follow` writing what is appended
 until it is stopped."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdctl.errors import UsageError
-from pdctl.lifecycle.logs import logs
+from pdctl.lifecycle.watch.logs import logs
 from pdctl.plan import ProcessSpec, plan
 from tests.lifecycle.conftest import MakeTopo
 

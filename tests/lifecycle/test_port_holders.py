@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.facts.host import PortHolder
-from pdctl.lifecycle.preflight import holder_words
+from pdctl.lifecycle.bringup.preflight import holder_words
 from pdctl.markers import MARKER
 from pdctl.topology import Topology
 from tests.lifecycle.conftest import MakeTopo

@@ -21,8 +21,8 @@ from rich.console import Console
 
 from pdctl.errors import LaunchError
 from pdctl.lifecycle import UpOptions, down, status, up
-from pdctl.lifecycle.engine_key import read_key
-from pdctl.lifecycle.logs import logs
+from pdctl.lifecycle.hosts.engine_key import read_key
+from pdctl.lifecycle.watch.logs import logs
 from pdctl.plan import ProcessSpec
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from pdctl.lifecycle import UpOptions, down, up
-from pdctl.lifecycle.engine_key import read_key
+from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
 from tests.lifecycle.conftest import dry_run

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pdctl.lifecycle.status import EngineMetrics, parse_metrics
+from pdctl.lifecycle.watch.status import EngineMetrics, parse_metrics
 from pdctl.router.wire import Reuse
 
 METRICS = """\
@@ -41,7 +41,7 @@ def test_reuse_header_parsing() -> None:
 
 
 def test_smoke_reads_a_streamed_reply_and_rejects_error_streams() -> None:
-    from pdctl.lifecycle.smoke import _streamed_content
+    from pdctl.lifecycle.bringup.smoke import _streamed_content
 
     ok = ('data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
           'data: {"choices":[{"delta":{"content":"Hel"}}]}\n\ndata: {"choices":[{"delta":{"content":"lo"}}]}\n\n'
@@ -57,8 +57,8 @@ def test_status_names_a_shared_gpu_and_what_its_processes_hold() -> None:
 
     from rich.console import Console
 
-    from pdctl.lifecycle.status import ProcessStatus, StatusReport
-    from pdctl.lifecycle.status_view import render_status
+    from pdctl.lifecycle.watch.status import ProcessStatus, StatusReport
+    from pdctl.lifecycle.watch.status_view import render_status
 
     def proc(name: str, mib: int | None, gpus: list[int]) -> ProcessStatus:
         return ProcessStatus(name, "decode", "gpu-host", "127.0.0.1", "http://x", 1, None, True, "ok", 1.0, "log",

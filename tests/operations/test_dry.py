@@ -13,7 +13,7 @@ from rich.console import Console
 
 from pdctl.errors import PdctlError
 from pdctl.facts.base import Fact, HostLayout, gather
-from pdctl.lifecycle.provision import run_operation
+from pdctl.lifecycle.bringup.provision import run_operation
 from pdctl.operations.base import Context, Facts, Noop, Operation, Run
 from pdctl.operations.dry import Preview, dry_run
 from pdctl.operations.steps import StepRunner

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from pdctl.errors import PdctlError
 from pdctl.facts.base import HostLayout, gather
-from pdctl.lifecycle.provision import OpResult, contexts, run_operation
+from pdctl.lifecycle.bringup.provision import OpResult, contexts, run_operation
 from pdctl.operations import vllm
 from pdctl.operations.base import Facts
 from pdctl.operations.steps import StepRunner

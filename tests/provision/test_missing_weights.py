@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.errors import PdctlError
-from pdctl.lifecycle.provision import provision
+from pdctl.lifecycle.bringup.provision import provision
 from pdctl.plan import plan
 
 from .support import HomeTransport, host_root, topology

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdctl.errors import LaunchError
-from pdctl.lifecycle.nixl_check import check_engine_logs, nixl_problems
+from pdctl.lifecycle.bringup.nixl_check import check_engine_logs, nixl_problems
 
 from .support import topology
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from pdctl.errors import RemoteCommandError, TopologyError
 from pdctl.facts.base import gather
-from pdctl.lifecycle.provision import HostReport, contexts, provision, run_operation
+from pdctl.lifecycle.bringup.provision import HostReport, contexts, provision, run_operation
 from pdctl.operations import python
 from pdctl.operations.base import Facts
 from pdctl.operations.ship import Wheel, build_wheel

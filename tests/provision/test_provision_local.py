@@ -15,7 +15,7 @@ import pdctl
 from pdctl import prefix_check
 from pdctl.errors import PdctlError
 from pdctl.facts.base import HostLayout, gather
-from pdctl.lifecycle.provision import HostReport, OpResult, contexts, provision, run_operation
+from pdctl.lifecycle.bringup.provision import HostReport, OpResult, contexts, provision, run_operation
 from pdctl.operations import efa
 from pdctl.operations.base import Facts
 from pdctl.operations.ship import Wheel, build_wheel

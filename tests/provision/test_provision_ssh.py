@@ -22,9 +22,10 @@ from rich.console import Console
 import pdctl
 from pdctl.facts.base import HostLayout, gather
 from pdctl.facts.host import ListeningPorts
-from pdctl.lifecycle import UpOptions, doctor, down, up
-from pdctl.lifecycle.connect import connected
-from pdctl.lifecycle.provision import HostReport, contexts, provision
+from pdctl.lifecycle import UpOptions, down, up
+from pdctl.lifecycle.bringup import doctor
+from pdctl.lifecycle.bringup.provision import HostReport, contexts, provision
+from pdctl.lifecycle.hosts.connect import connected
 from pdctl.operations.ship import Wheel, build_wheel
 from pdctl.plan import plan
 from pdctl.remote.local import LocalTransport

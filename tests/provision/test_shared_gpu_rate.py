@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pdctl.errors import LaunchError
-from pdctl.lifecycle.nixl_check import START_MARK, check_shared_gpu_rate, kv_rate_gbps, shared_gpu_problem
+from pdctl.lifecycle.bringup.nixl_check import START_MARK, check_shared_gpu_rate, kv_rate_gbps, shared_gpu_problem
 from pdctl.plan import plan
 from pdctl.remote.local import LocalTransport
 from pdctl.topology import load

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pdctl.errors import RemoteCommandError
-from pdctl.lifecycle.launch import running, stop
+from pdctl.lifecycle.hosts.launch import running, stop
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import DetachedJob
 

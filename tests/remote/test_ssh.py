@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pdctl.errors import ConnectError
-from pdctl.lifecycle.connect import connected
-from pdctl.lifecycle.launch import running, stop
+from pdctl.lifecycle.hosts.connect import connected
+from pdctl.lifecycle.hosts.launch import running, stop
 from pdctl.remote.procs import DetachedJob
 from pdctl.remote.ssh import connect_ssh
 from pdctl.remote.sshconnect import SshOptions

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pdctl.lifecycle.status import router_stats
+from pdctl.lifecycle.watch.status import router_stats
 from pdctl.remote.local import LocalTransport
 from pdctl.router.server.routes import ROUTES
 from pdctl.router.turn import history as hist

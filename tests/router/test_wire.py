@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from pdctl.lifecycle.status import router_stats
+from pdctl.lifecycle.watch.status import router_stats
 from pdctl.remote.local import LocalTransport
 from pdctl.router import wire
 from pdctl.router.wire import Reuse, RouterStats, UpstreamStats

@@ -1,5 +1,5 @@
 """Reading the router's members file (its format: pdctl.router.wire.Members). `pdctl up` writes it through the
-node's transport and sends SIGHUP (pdctl.lifecycle.membership): a membership change restarts nothing."""
+node's transport and sends SIGHUP (pdctl.lifecycle.changes.membership): a membership change restarts nothing."""
 
 from __future__ import annotations
 

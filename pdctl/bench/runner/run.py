@@ -1,0 +1,369 @@
+"""One bench: for each leg, redeploy with its overrides (fresh router state), wait, warm up, play the workload
+length by length while metering the prefills' KV transfer, collect, guard; then put the deployment back as it
+was found. `--no-redeploy` measures the running deployment as a single leg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar
+
+from pdctl.bench.leg import guards
+from pdctl.bench.leg.legs import Endpoints, LegSpec, bidirectional, endpoints, leg_topology
+from pdctl.bench.results.records import BenchResult, LegResult, RequestRecord
+from pdctl.bench.runner import capacity, probe
+from pdctl.bench.runner.collect import UsageMeter
+from pdctl.bench.traffic.agent import play_sessions
+from pdctl.bench.traffic.client import ClientOptions, play
+from pdctl.bench.traffic.remote_play import play_on_node
+from pdctl.bench.traffic.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
+from pdctl.errors import PdctlError, UsageError
+from pdctl.lifecycle.hosts.connect import connected
+from pdctl.plan import ProcessSpec, python_for, run_dir
+from pdctl.remote.base import Transport
+from pdctl.remote.local import LocalTransport
+from pdctl.remote.sshconnect import SshOptions
+from pdctl.topology import Topology
+
+T = TypeVar("T")
+
+ClientWhere = Literal["auto", "local", "router-node"]
+"""Where the load player runs: auto = on the router's node when that node is remote, else here."""
+Hosts = Mapping[str, Transport]
+
+
+class Deployer(Protocol):
+    """What the bench needs from the lifecycle: start a whole deployment from scratch, and stop it."""
+
+    def redeploy(self, topo: Topology) -> list[ProcessSpec]:
+        """Start `topo` from scratch; the plan it started (the leg's endpoints come from it)."""
+
+    def down(self, topo: Topology) -> None: ...
+
+
+class Progress(Protocol):
+    def leg_started(self, name: str, total: int) -> None: ...
+
+    def request_done(self, record: RequestRecord) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    topology: Path
+    workload: WorkloadSpec
+    legs: list[LegSpec]
+    clients: int = 1
+    rate: float = 0.0
+    no_redeploy: bool = False
+    base_overrides: list[str] = field(default_factory=list)
+    warmup: bool = True
+    api_key: str | None = None
+    ssh: SshOptions | None = None
+    client: ClientWhere = "auto"
+    capacity: capacity.CapacityOptions | None = None
+
+
+def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress) -> BenchResult:
+    base = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
+    if base.slurm is not None:
+        if not opts.no_redeploy:
+            raise UsageError("bench legs that redeploy are not supported inside a Slurm job yet",
+                             hint="`pdctl up` the topology, then `pdctl bench --no-redeploy`")
+        from pdctl.slurm.allocation import bound
+
+        base = bound(base)
+    legs = [LegSpec(opts.legs[0].name if opts.legs else base.name, ())] if opts.no_redeploy else opts.legs
+    if not opts.no_redeploy and deployer is None:
+        raise UsageError("legs need the lifecycle to redeploy", hint="pass --no-redeploy to bench what is running")
+    start = time.monotonic()
+    result = BenchResult(
+        topology=base.name,
+        simulated=base.engine == "sim",
+        workload=_describe(opts.workload, opts),
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    # Every leg's topology and the corpus are checked before anything is stopped or started.
+    topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
+    build(dataclasses.replace(opts.workload, lengths=(16,), conversations=1, turns=1))
+    with connected(base.nodes, opts.ssh) as hosts:
+        return _run(opts, deployer, progress, base, legs, topos, hosts, result, start)
+
+
+def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base: Topology, legs: list[LegSpec],
+         topos: list[Topology], hosts: Hosts, result: BenchResult, start: float) -> BenchResult:
+    base_ep = endpoints(base)
+    was_running = probe.healthy(hosts[base_ep.router_node], base_ep.router_url)
+    if opts.no_redeploy and not was_running:
+        raise UsageError(
+            f"{base.name} is not running (no answer from {base_ep.router_url}/health)",
+            hint=f"start it with `pdctl up -t {opts.topology}`, or drop --no-redeploy",
+        )
+    workload = opts.workload
+    kept = _Kept(progress)
+    progress = kept
+    current: tuple[LegSpec, Topology] | None = None
+    try:
+        for spec, topo in zip(legs, topos, strict=True):
+            current, kept.records = (spec, topo), []
+            try:
+                ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
+            except PdctlError as exc:
+                # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
+                progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
+                failed = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim")
+                lines = [x.strip() for x in exc.message.splitlines() if x.strip()]
+                failed.failures.append(f"could not deploy: {' … '.join(dict.fromkeys([lines[0], lines[-1]]))}")
+                result.legs.append(failed)
+                continue
+            workload = _calibrated(workload, ep, hosts)
+            result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
+            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts))
+            current = None
+    except KeyboardInterrupt:  # keep what finished: the report is written from it
+        result.interrupted = True
+        if current is not None and kept.records:
+            spec, topo = current
+            cut = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim",
+                            records=list(kept.records), mode=topo.mode)
+            cut.failures.append(f"interrupted (Ctrl-C) after {len(cut.records)} requests")
+            result.legs.append(cut)
+        progress.note("interrupted: writing the report of the requests that finished")
+    finally:
+        if deployer is not None and not opts.no_redeploy:
+            progress.note(f"restoring {base.name} as it was found ({'running' if was_running else 'stopped'})")
+            if was_running:
+                deployer.redeploy(base)
+            else:
+                deployer.down(base)
+    result.wall_s = time.monotonic() - start
+    return result
+
+
+class _Kept:
+    """The bench's progress, also keeping the current leg's finished records for a bench cut short by Ctrl-C."""
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+        self.records: list[RequestRecord] = []
+
+    def leg_started(self, name: str, total: int) -> None:
+        self.inner.leg_started(name, total)
+
+    def request_done(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self.inner.request_done(record)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
+
+
+def _deploy(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
+            progress: Progress) -> Endpoints:
+    """Redeploy for the leg and wait for every endpoint; one retry, so a transient launch failure costs no leg."""
+    try:
+        return _deploy_once(spec, topo, running, hosts, deployer, progress)
+    except PdctlError as exc:
+        if deployer is None:
+            raise
+        progress.note(f"leg {spec.name}: deploy failed ({exc.message.splitlines()[0]}); retrying once")
+    return _deploy_once(spec, topo, running, hosts, deployer, progress)
+
+
+def _deploy_once(spec: LegSpec, topo: Topology, running: Endpoints, hosts: Hosts, deployer: Deployer | None,
+                 progress: Progress) -> Endpoints:
+    """The leg's endpoints, healthy: from the plan the redeploy started, or `running` (the deployment's) without one."""
+    ep = running
+    if deployer is not None:
+        progress.note(f"leg {spec.name}: redeploying with {', '.join(spec.overrides) or 'no overrides'}")
+        ep = endpoints(topo, deployer.redeploy(topo))
+    probe.wait_healthy([(hosts[node], url) for node, url in ep.health_targets()])
+    return ep
+
+
+def client_where(opts: BenchOptions, topo: Topology, hosts: Hosts) -> str:
+    """`local`, or `router node <name>` when the player runs next to the router."""
+    node = topo.router.node
+    remote = not isinstance(hosts[node], LocalTransport)
+    if opts.client == "router-node" or (opts.client == "auto" and remote):
+        return f"router node {node}"
+    return "local"
+
+
+def run_leg(
+    spec: LegSpec, topo: Topology, ep: Endpoints, workload: WorkloadSpec, opts: BenchOptions, progress: Progress,
+    hosts: Hosts,
+) -> LegResult:
+    leg = LegResult(
+        name=spec.name,
+        overrides=list(spec.overrides),
+        bidirectional=bidirectional(topo),
+        simulated=topo.engine == "sim",
+        mode=topo.mode,
+        engines=len(ep.prefill_urls) + len(ep.decode_urls),
+    )
+    started = time.monotonic()
+    client = ClientOptions(
+        url=ep.router_url,
+        model=ep.model,
+        api=workload.api,
+        output_tokens=workload.output_tokens,
+        clients=opts.clients,
+        rate=opts.rate,
+        api_key=opts.api_key or (os.environ.get(topo.router.api_key_env) if topo.router.api_key_env else None),
+        seed=workload.seed,
+    )
+    if opts.capacity is not None:
+        return _capacity_leg(spec, topo, ep, leg, client, opts.capacity, progress, hosts, started)
+    plans = build(workload)
+    player = _player(opts, topo, hosts)
+    if opts.warmup and not _warm_up(spec.name, plans[0], client, progress, leg, player):
+        leg.wall_s = time.monotonic() - started
+        return leg
+    progress.leg_started(spec.name, sum(p.turns for p in plans))
+    meter = probe.KvMeter(ep, hosts)
+    pulls = probe.KvMeter(ep, hosts, decodes=True)
+    for length in workload.lengths:
+        convs = [Conversation(p, workload.api, f"{spec.name}-{p.key}") for p in plans if p.length == length]
+        meter.start()
+        pulls.start()
+        leg.records += player(convs, client, spec.name, progress.request_done)
+        kv = meter.stop()
+        leg.pull_by_length[length] = pulls.stop()
+        leg.kv_by_length[length] = kv
+        leg.kv = leg.kv + kv
+    leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
+    leg.failures = guards.check(leg)
+    leg.wall_s = time.monotonic() - started
+    return leg
+
+
+def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, client: ClientOptions,
+                  cap: capacity.CapacityOptions, progress: Progress, hosts: Hosts, started: float) -> LegResult:
+    """Agent sessions, N per point; each point's sessions are new (their own seed) but share the system prompt.
+    A simulator's --speed divides the arrival and think times, as it divides the engines' time."""
+    scale = topo.sim.speed if topo.engine == "sim" else 1.0
+    transport = hosts[ep.router_node].async_http()
+
+    def play_n(n: int) -> list[RequestRecord]:
+        agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
+        progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
+        records = _run_interruptible(
+            lambda: play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
+        for rec in records:
+            rec.length = n  # a capacity record's "length" is its point's session count
+        leg.records += records
+        return records
+
+    meter = UsageMeter.for_leg(ep, hosts, aggregated=topo.mode == "aggregated")
+    leg.capacity = [p.to_json() for p in capacity.measure(spec.name, play_n, cap, scale, meter)]
+    leg.router_stats = probe.router_stats(hosts[ep.router_node], ep.router_url)
+    leg.failures = guards.check(leg, count_failed=False)
+    leg.wall_s = time.monotonic() - started
+    return leg
+
+
+Player = Callable[[list[Conversation], ClientOptions, str, Callable[[RequestRecord], None] | None],
+                  list[RequestRecord]]
+
+
+def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
+    """Plays conversations here (through the router node's transport) or on the router's node itself."""
+    node = topo.router.node
+    transport = hosts[node]
+    if client_where(opts, topo, hosts) == "local":
+        def here(convs: list[Conversation], client: ClientOptions, leg: str,
+                 on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
+            return _run_interruptible(lambda: play(convs, client, leg, on_record, transport=transport.async_http()))
+        return here
+
+    def there(convs: list[Conversation], client: ClientOptions, leg: str,
+              on_record: Callable[[RequestRecord], None] | None) -> list[RequestRecord]:
+        records = play_on_node(transport, python_for(topo, node=node), run_dir(topo, node), convs, client, leg)
+        for rec in records:
+            if on_record is not None:
+                on_record(rec)
+        return records
+    return there
+
+
+def _run_interruptible(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(main())` where Ctrl-C cancels the main task (asyncio's own handling: the player's tasks and
+    connections close as cancelled) instead of raising KeyboardInterrupt inside whichever task runs, which left
+    unretrieved task exceptions and unfinished generators for asyncio to print with tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main())
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio.Runner installs its own only over this one
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signal.SIGINT, None)  # the CLI's handler records the interruption, and raises
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,
+             player: Player) -> bool:
+    """Two short turns outside the records, so the first measured request pays no cold-start cost."""
+    short = dataclasses.replace(plan, key=f"warmup-{plan.key}", users=plan.users[:1])
+    conv = Conversation(short, client.api, f"{name}-warmup")
+    records = player([conv], dataclasses.replace(client, clients=1, rate=0.0), name, None)
+    bad = next((r for r in records if not r.ok), None)
+    if bad is not None:
+        leg.failures.append(f"warm-up request failed: {bad.error or f'HTTP {bad.status}'}")
+        progress.note(f"leg {name}: warm-up failed: {bad.error}")
+        return False
+    return True
+
+
+def _calibrated(workload: WorkloadSpec, ep: Endpoints, hosts: Hosts) -> WorkloadSpec:
+    """Size chat text in the engine's own tokens, measured once on its `/tokenize` (no local tokenizer)."""
+    engine = (ep.prefill_urls or ep.decode_urls)[:1]  # an aggregated leg has only its engines
+    if workload.api not in TEXT_APIS or workload.tokens_per_word != 1.0 or not engine:
+        return workload
+    sample = str(build(dataclasses.replace(workload, lengths=(400,), conversations=1, turns=1))[0].first)
+    node = ep.prefill_logs[0][0] if ep.prefill_logs else ep.decode_nodes[0]
+    ratio = probe.tokens_per_word(hosts[node], engine[0], ep.model, sample)
+    return dataclasses.replace(workload, tokens_per_word=round(ratio, 4)) if ratio else workload
+
+
+def _describe(w: WorkloadSpec, opts: BenchOptions) -> dict[str, object]:
+    cap = opts.capacity
+    if cap is not None:
+        a = cap.agent
+        slo = {k: getattr(cap.slo, k) for k in capacity.SLO_KEYS if getattr(cap.slo, k) != float("inf")}
+        return {
+            "profile": "agent", "api": a.api, "turns": a.turns, "system_tokens": a.system_tokens,
+            "agent": {"turns": a.turns, "system_tokens": a.system_tokens, "task_tokens": a.task_tokens,
+                      "tool_tokens": f"{a.tool_tokens.low:g}-{a.tool_tokens.high:g}",
+                      "output_tokens": a.output_tokens, "think_s": f"{a.think_s.low:g}-{a.think_s.high:g}",
+                      "arrival_rate": a.arrival_rate, "seed": a.seed},
+            "sessions": list(cap.sessions) or "search", "slo": slo,
+        }
+    return {
+        "api": w.api,
+        "lengths": list(w.lengths),
+        "conversations": w.conversations,
+        "turns": w.turns,
+        "user_tokens": w.user_tokens,
+        "output_tokens": w.output_tokens,
+        "clients": opts.clients,
+        "rate": opts.rate,
+        "seed": w.seed,
+        "tokens_per_word": w.tokens_per_word,
+        "source": str(w.source) if w.source else "generated",
+    }
+

@@ -1,0 +1,311 @@
+"""`pdctl top`: the dashboard's figures (lifecycle/watch/dashboard.py) live in a terminal, without Prometheus.
+
+Each sample reads every router's and engine's /metrics through the node's transport (SSH or local, as `status`
+does), with the keys they require; a view is the difference between two samples: rates and percentiles over the
+interval, as Prometheus's `rate` and `histogram_quantile` compute them, and the gauges as they are now.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from pdctl.lifecycle.bringup.smoke import router_api_key
+from pdctl.lifecycle.hosts.connect import reachable
+from pdctl.lifecycle.hosts.engine_key import read_key
+from pdctl.plan import ProcessSpec, plan
+from pdctl.remote.base import Transport
+from pdctl.remote.sshconnect import SshOptions
+from pdctl.router.wire import REASON_TEXT
+from pdctl.topology import Topology
+
+Labels = frozenset[tuple[str, str]]
+Samples = dict[str, dict[Labels, float]]  # sample name (with _bucket/_sum/_count/_total) -> labels -> value
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
+    return out
+
+
+def _sum(samples: Samples, name: str, **match: str) -> float:
+    return sum(v for labels, v in samples.get(name, {}).items() if all((k, m) in labels for k, m in match.items()))
+
+
+def _by(samples: Samples, name: str, *keys: str, **match: str) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for labels, v in samples.get(name, {}).items():
+        d = dict(labels)
+        if all(d.get(k) == m for k, m in match.items()):
+            key = tuple(d.get(k, "") for k in keys)
+            out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus's histogram_quantile over cumulative bucket counts (upper bound -> count); None without data."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    total = buckets[bounds[-1]]
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        c = buckets[b]
+        if c >= rank:
+            if math.isinf(b):
+                return prev_bound
+            if c == prev_count:
+                return b
+            return prev_bound + (b - prev_bound) * (rank - prev_count) / (c - prev_count)
+        prev_bound, prev_count = b, c
+    return bounds[-1]
+
+
+@dataclass
+class Instance:
+    process: str
+    component: str
+    up: bool
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_use: float = 0.0
+    router_outstanding: float = 0.0
+    router_healthy: bool | None = None
+
+
+@dataclass
+class TopView:
+    deployment: str
+    interval_s: float
+    turns_per_s: float = 0.0
+    hit_rate: float | None = None
+    ttft_s: dict[str, float | None] = field(default_factory=dict)  # router-observed p50/p90/p99
+    engine_ttft_s: dict[str, float | None] = field(default_factory=dict)
+    itl_s: dict[str, float | None] = field(default_factory=dict)
+    outcomes: dict[str, float] = field(default_factory=dict)  # turns in the interval
+    reasons: dict[str, float] = field(default_factory=dict)  # "outcome: reason" -> turns in the interval
+    diverged_at_tokens: float | None = None  # median first differing token of prefix_diverged turns
+    kv_source: dict[str, float] = field(default_factory=dict)
+    moved_tokens_per_turn: dict[str, float] = field(default_factory=dict)
+    nixl_bytes_per_turn: dict[str, float] = field(default_factory=dict)
+    pinned: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # decode index -> (pinned, budget)
+    admission: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # role -> in flight, queued, slots
+    refusals: dict[str, float] = field(default_factory=dict)  # "role status" -> in the interval
+    instances: list[Instance] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _delta(now: Samples, before: Samples, name: str) -> dict[Labels, float]:
+    old = before.get(name, {})
+    return {k: max(0.0, v - old.get(k, 0.0)) for k, v in now.get(name, {}).items()}
+
+
+def _quantiles(now: Samples, before: Samples, name: str, **match: str) -> dict[str, float | None]:
+    buckets: dict[float, float] = {}
+    for labels, v in _delta(now, before, f"{name}_bucket").items():
+        d = dict(labels)
+        if all(d.get(k) == m for k, m in match.items()):
+            le = float(d["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+    return {f"p{int(q * 100)}": quantile(q, buckets) for q in (0.5, 0.9, 0.99)}
+
+
+def _merge(parts: Iterable[Samples]) -> Samples:
+    out: Samples = {}
+    for part in parts:
+        for name, series in part.items():
+            into = out.setdefault(name, {})
+            for k, v in series.items():
+                into[k] = into.get(k, 0.0) + v
+    return out
+
+
+def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], before: dict[str, Samples],
+         seconds: float) -> TopView:
+    """The figures between two samples (process name -> its /metrics; a process missing from `now` is down)."""
+    routers = [s for s in specs if s.role == "router"]
+    r_now = _merge(now.get(s.name, {}) for s in routers)
+    r_old = _merge(before.get(s.name, {}) for s in routers)
+    v = TopView(topo.name, round(seconds, 3))
+    reuse = _delta(r_now, r_old, "pdctl_router_kv_reuse_total")
+    for labels, n in reuse.items():
+        d = dict(labels)
+        v.outcomes[d["outcome"]] = v.outcomes.get(d["outcome"], 0.0) + n
+        if n:
+            key = f"{d['outcome']}: {d['reason']}"
+            v.reasons[key] = v.reasons.get(key, 0.0) + n
+    turns = sum(v.outcomes.values())
+    v.turns_per_s = round(turns / seconds, 3) if seconds > 0 else 0.0
+    eligible = sum(n for labels, n in reuse.items()
+                   if dict(labels)["reason"] not in ("new_conversation", "not_eligible", "n_gt_1"))
+    reused = v.outcomes.get("hit", 0.0) + v.outcomes.get("partial", 0.0)
+    v.hit_rate = round(reused / eligible, 4) if eligible else None
+    v.ttft_s = _quantiles(r_now, r_old, "pdctl_router_ttft_seconds")
+    v.diverged_at_tokens = _quantiles(r_now, r_old, "pdctl_router_prefix_diverged_tokens")["p50"]
+    for labels, n in _delta(r_now, r_old, "pdctl_router_turn_kv_source_total").items():
+        v.kv_source[dict(labels)["source"]] = n
+    sums = _delta(r_now, r_old, "pdctl_router_kv_moved_tokens_sum")
+    counts = _delta(r_now, r_old, "pdctl_router_kv_moved_tokens_count")
+    for labels, n in counts.items():
+        if n:
+            v.moved_tokens_per_turn[dict(labels)["direction"]] = round(sums.get(labels, 0.0) / n, 1)
+    hops = sum(n for labels, n in counts.items() if dict(labels)["direction"] == "d_to_p")
+    for labels, n in _delta(r_now, r_old, "pdctl_router_admission_refused_total").items():
+        d = dict(labels)
+        v.refusals[f"{d['role']} {d['status']}"] = n
+    for role in ("prefill", "decode"):
+        if any(("role", role) in k for k in r_now.get("pdctl_router_admission_inflight", {})):
+            v.admission[role] = (_sum(r_now, "pdctl_router_admission_inflight", role=role),
+                                 _sum(r_now, "pdctl_router_admission_queued", role=role),
+                                 _sum(r_now, "pdctl_router_admission_capacity", role=role))
+    budgets = _by(r_now, "pdctl_router_pin_budget_tokens", "index")
+    for (index,), n in _by(r_now, "pdctl_router_pinned_tokens", "index").items():
+        v.pinned[index] = (n, budgets.get((index,)))
+    urls: dict[str, tuple[str, ...]] = {}
+    for labels in r_now.get("pdctl_router_upstream_info", {}):
+        d = dict(labels)
+        urls[d.get("url", "")] = (d.get("role", ""), d.get("index", ""))
+    outstanding = _by(r_now, "pdctl_router_upstream_outstanding", "role", "index")
+    healthy = _by(r_now, "pdctl_router_upstream_healthy", "role", "index")
+    engines = [s for s in specs if s.role != "router"]
+    e_now = {s.name: now.get(s.name, {}) for s in engines}
+    e_old = {s.name: before.get(s.name, {}) for s in engines}
+    decodes = [s.name for s in engines if s.role == "decode" or s.name.startswith("aggregated-")]
+    d_now, d_old = _merge(e_now[n] for n in decodes), _merge(e_old[n] for n in decodes)
+    v.engine_ttft_s = _quantiles(d_now, d_old, "vllm:time_to_first_token_seconds")
+    v.itl_s = _quantiles(d_now, d_old, "vllm:inter_token_latency_seconds")
+    for s in engines:
+        nbytes = sum(_delta(e_now[s.name], e_old[s.name], "vllm:nixl_bytes_transferred_sum").values())
+        if hops and nbytes:
+            key = "aggregated" if s.name.startswith("aggregated-") else s.role
+            v.nixl_bytes_per_turn[key] = v.nixl_bytes_per_turn.get(key, 0.0) + round(nbytes / hops, 1)
+    for s in specs:
+        m = now.get(s.name)
+        inst = Instance(s.name, "aggregated" if s.name.startswith("aggregated-") else s.role, m is not None)
+        if m is not None and s.role != "router":
+            inst.running = _sum(m, "vllm:num_requests_running")
+            inst.waiting = _sum(m, "vllm:num_requests_waiting")
+            inst.kv_use = max(m.get("vllm:kv_cache_usage_perc", {}).values(), default=0.0)
+        upstream = urls.get(s.url)
+        if upstream is not None:
+            inst.router_outstanding = outstanding.get(upstream, 0.0)
+            inst.router_healthy = healthy.get(upstream, 0.0) == 1.0
+        v.instances.append(inst)
+    return v
+
+
+class Sampler:
+    """The deployment's /metrics, read as one sample per call to `sample` (a context manager: the connections)."""
+
+    def __init__(self, topo: Topology, ssh: SshOptions | None = None) -> None:
+        self.topo = topo
+        self.specs = plan(topo)
+        self.ssh = ssh
+        self._ctx: Any = None
+        self.hosts: dict[str, Transport] = {}
+        self.keys: dict[str, str | None] = {}
+        self.last: dict[str, Samples] = {}
+        self.last_at = 0.0
+
+    def __enter__(self) -> Sampler:
+        self._ctx = reachable(self.topo.nodes, self.ssh)
+        hosts, _failed = self._ctx.__enter__()
+        self.hosts = hosts
+        client = router_api_key(self.topo)
+        router = next((s for s in self.specs if s.role == "router"), None)
+        engine = read_key(hosts[router.node], self.topo, router.node) if router and router.node in hosts else None
+        for s in self.specs:
+            self.keys[s.name] = client if (s.role == "router" or router is None) else engine
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+
+    def _read(self, spec: ProcessSpec) -> Samples | None:
+        transport = self.hosts.get(spec.node)
+        if transport is None:
+            return None
+        key = self.keys.get(spec.name)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        try:
+            with httpx.Client(transport=transport.http(), timeout=3.0) as client:
+                r = client.get(f"{spec.url}/metrics", headers=headers)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            return parse(r.text)
+        except ValueError:
+            return None
+
+    def sample(self) -> TopView:
+        now = {s.name: m for s in self.specs if (m := self._read(s)) is not None}
+        at = time.monotonic()
+        out = view(self.topo, self.specs, now, self.last, at - self.last_at if self.last_at else 0.0)
+        self.last, self.last_at = now, at
+        return out
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _n(v: float) -> str:
+    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
+
+
+def render_top(v: TopView, console: Console) -> None:
+    hit = "-" if v.hit_rate is None else f"{v.hit_rate:.0%}"
+    console.print(f"[bold]{v.deployment}[/]  {v.turns_per_s:.2f} turns/s over {v.interval_s:.1f}s  hit rate {hit}",
+                  highlight=False)
+    lat = Table(title="latency (ms)", title_justify="left", box=None)
+    for col in ("", "p50", "p90", "p99"):
+        lat.add_column(col, justify="right" if col else "left")
+    for name, q in (("TTFT router", v.ttft_s), ("TTFT decode", v.engine_ttft_s), ("ITL decode", v.itl_s)):
+        lat.add_row(name, *(_ms(q.get(p)) for p in ("p50", "p90", "p99")))
+    console.print(lat)
+    reuse = Table(title="reuse (turns in the interval)", title_justify="left", box=None)
+    reuse.add_column("outcome: reason")
+    reuse.add_column("turns", justify="right")
+    reuse.add_column("why")
+    for key, n in sorted(v.reasons.items(), key=lambda kv: -kv[1]):
+        reuse.add_row(key, _n(n), REASON_TEXT.get(key.split(": ", 1)[-1], ""))
+    if v.diverged_at_tokens is not None:
+        reuse.add_row("prefix diverged at", f"~{v.diverged_at_tokens:.0f}", "tokens (median first differing block)")
+    console.print(reuse)
+    kv = Table(title="KV", title_justify="left", box=None)
+    kv.add_column("")
+    kv.add_column("value")
+    kv.add_row("source", ", ".join(f"{k} {_n(n)}" for k, n in v.kv_source.items() if n) or "-")
+    kv.add_row("moved/turn", ", ".join(f"{k} {_n(n)} tok" for k, n in v.moved_tokens_per_turn.items()) or "-")
+    kv.add_row("NIXL/turn", ", ".join(f"{k} {n / 2**20:.1f} MiB" for k, n in v.nixl_bytes_per_turn.items()) or "-")
+    kv.add_row("pinned", ", ".join(f"decode {i} {_n(p)}" + (f"/{_n(b)}" if b else "") for i, (p, b)
+                                   in sorted(v.pinned.items())) or "-")
+    kv.add_row("admission", ", ".join(f"{r} {_n(a)}/{_n(c)} queued {_n(q)}" for r, (a, q, c)
+                                      in v.admission.items()) or "-")
+    kv.add_row("refused", ", ".join(f"{k} {_n(n)}" for k, n in v.refusals.items() if n) or "none")
+    console.print(kv)
+    inst = Table(title="instances", title_justify="left", box=None)
+    for col in ("process", "up", "pool", "running", "waiting", "KV use", "router→"):
+        inst.add_column(col, justify="left" if col in ("process", "up", "pool") else "right")
+    for i in v.instances:
+        pool = "-" if i.router_healthy is None else "in" if i.router_healthy else "[red]out[/]"
+        inst.add_row(i.process, "yes" if i.up else "[red]no[/]", pool, _n(i.running), _n(i.waiting),
+                     f"{i.kv_use:.0%}", _n(i.router_outstanding))
+    console.print(inst)
