@@ -74,7 +74,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pdctl.slurm",),
     ("pdctl.lifecycle",),
     ("pdctl.bench",),
-    ("pdctl.demo",),
+    ("pdctl.demo", "pdctl.demo_summary"),
     ("pdctl.cli", "pdctl.__main__"),
 )
 

@@ -134,6 +134,13 @@ def test_a_sweep_and_a_search_through_bench(sim_topology: Path, tmp_path: Path) 
     assert one["prefill_tokens"] > 0 and one["decode_tokens"] == 9 * 3
     records = json.loads((out / "requests.json").read_text())
     assert {r["reuse"] for r in records if r["leg"] == "on" and r["turn"] >= 1} == {"hit"}
+    # the prefills' D->P reads metered per point (issue 41: the demo's KV table said `transfers 0` beside 0.96 per
+    # warm turn), as many as the turns that reported reading
+    for n in (1, 3):
+        kv = on["kv_transfer_by_length"][str(n)]
+        reads = sum(1 for r in records if r["leg"] == "on" and r["length"] == n and r["reuse_read"])
+        assert kv["source"] == "metrics" and kv["transfers"] == reads, (n, kv, reads)
+    assert on["kv_transfer"]["transfers"] == sum(on["kv_transfer_by_length"][k]["transfers"] for k in ("1", "3"))
     # sessions share the system prompt and each turn's prompt extends the last
     assert len({r["conversation_id"] for r in records if r["leg"] == "agg"}) == 4
     report = (out / "report.md").read_text()

@@ -183,3 +183,131 @@ def test_an_unmetered_leg_counts_the_reads_its_turns_reported() -> None:
     assert "| - |" in "\n".join(report._reuse_section([on]))
     on.records = [replace(r, reuse_reason="decode_local", reuse_read=None) for r in on.records]
     assert paths.leg_path(on).flag is not None
+
+
+def _eviction_leg(name: str, bidirectional: bool) -> LegResult:
+    """A leg of the demo's eviction case as the bench records it: sessions 4 and 16, 4 turns each, the records'
+    `length` their point's sessions, the prefills' D->P reads metered per point. OFF: at 4 sessions the prefill's
+    cache holds every warm turn's history, at 16 only the shared system prompt (2048 tokens). ON: warm turns on
+    their decode alone, except every fourth at 16 sessions, read back from the decode (8000 tokens)."""
+    from pdctl.bench.runner.capacity import point
+
+    leg = LegResult(name, [f"connector.bidirectional_kv_xfer={str(bidirectional).lower()}"], bidirectional, True)
+    for n in (4, 16):
+        recs: list[RequestRecord] = []
+        for s in range(n):
+            for t in range(4):
+                history = 8000 + 1000 * t
+                r = RequestRecord(name, n, f"{name}-n{n}-s{s}", t, "completions", status=200,
+                                  ttft_ms=(100.0 if n == 4 or bidirectional else 1000.0) + s, itl_max_ms=30.0,
+                                  input_num_tokens=history + 900, output_num_tokens=100, reuse="miss",
+                                  reuse_reason="new_conversation")
+                if t and not bidirectional:
+                    r = replace(r, reuse_reason="no_handle_returned", reuse_cached=history if n == 4 else 2048)
+                elif t and n == 16 and s % 4 == 0:
+                    r = replace(r, reuse="hit", reuse_reason="verified", reuse_read=8000, reuse_cached=history)
+                elif t:
+                    r = replace(r, reuse="hit", reuse_reason="decode_local")
+                recs.append(r)
+        reads = sum(1 for r in recs if r.reuse_read)
+        kv = KvTransfer(transfers=reads, xfer_ms=5.0 * reads, bytes=reads * 2**29, source="metrics")
+        leg.kv_by_length[n], leg.kv = kv, leg.kv + kv
+        leg.records += recs
+        leg.capacity.append(point(name, n, recs, time_scale=3.0).to_json())
+    return leg
+
+
+def _eviction_result() -> BenchResult:
+    workload = {"profile": "agent", "api": "completions", "turns": 4, "sessions": [4, 16],
+                "slo": {"ttft_p90": 500.0}}
+    return BenchResult("demo-x-eviction", True, workload, [_eviction_leg("off", False), _eviction_leg("on", True)])
+
+
+def test_the_demos_eviction_case_is_reported_on_sessions_with_one_account_of_the_kv(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41: the demo's second case showed `length 8` and one dot at x=8 on a "prompt length" axis (8 was its
+    number of sessions), `transfers 0` beside `0.96 per warm turn`. Its report's tables and plots are on sessions,
+    its transfers and per-warm-turn figures come from one meter, and each leg's path is named."""
+    from pdctl.bench.output import plots
+
+    drawn: dict[str, tuple[str, list[list[float]]]] = {}
+
+    def keep(plt: object, fig: object, path: Path) -> None:
+        ax = fig.axes[0]  # type: ignore[attr-defined]
+        drawn[path.name] = (ax.get_xlabel(), [list(line.get_xdata()) for line in ax.get_lines()])
+        plt.close(fig)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(plots, "_save", keep)
+    md = report.write(_eviction_result(), tmp_path / "eviction").report.read_text()
+    assert "| length |" not in md and "prompt length" not in md
+    assert "| sessions | off | on | off/on |" in md  # warm TTFT
+    assert md.count("| sessions | off | on |") == 4  # warm, cold, prefill, after the prefill
+    assert "| leg | sessions | turns | TTFT |" in md  # the stages
+    for png in (plots.TTFT_PNG, plots.PREFILL_PNG, plots.STAGES_PNG, plots.GOODPUT_PNG):
+        assert drawn[png][0] == "concurrent agent sessions", (png, drawn[png])
+    assert drawn[plots.TTFT_PNG][1] == [[4, 16], [4, 16]]  # one point per number of sessions, per leg
+    # The legs' measured paths, named
+    legs = {line.split(" | ")[0].lstrip("| "): line for line in md.split("## Legs")[1].splitlines()[4:6]}
+    assert legs["off"].endswith("| OFF |")
+    assert legs["on"].endswith("| ON mixed (bidirectional) (local 80%, D->P read 20%) |"), legs["on"]
+    # One account of the KV moved: 12 reads over the on leg's 60 warm turns, 6 GiB
+    row = next(line for line in md.split("## KV reuse")[1].splitlines() if line.startswith("| on |"))
+    cells = row.strip(" |").split(" | ")
+    assert cells[1] == "60" and cells[8:12] == ["12", "6.00", "0.20", "0.100"], cells
+    off = next(line for line in md.split("## KV reuse")[1].splitlines() if line.startswith("| off |"))
+    assert off.strip(" |").split(" | ")[8:12] == ["0", "0.00", "0.00", "0.000"], off
+    # One account of the path: the report's share from the prefill's cache is summary.json's path mix (12 of the
+    # off leg's 60 warm turns; at 16 sessions its cache held only the shared prompt, so those recomputed)
+    assert off.strip(" |").split(" | ")[7] == "20%", off
+
+
+def test_the_demos_eviction_summary_json(tmp_path: Path) -> None:
+    """summary.json beside the case's report: per leg and number of sessions, warm-turn TTFT p50/p90 (the capacity
+    points', modelled), the KV read back per warm turn from the same meter as the report, and the path mix; a
+    prefill-cache turn whose cache held only the shared prefix counts as a recompute."""
+    import json
+
+    from pdctl import demo_summary
+
+    result = _eviction_result()
+    summary = demo_summary.capacity_summary(result, "eviction")
+    data = json.loads(demo_summary.write(summary, tmp_path).read_text())
+    assert (tmp_path / "summary.json").exists()
+    assert (data["case"], data["axis"], data["simulated"]) == ("eviction", "sessions", True)
+    assert data["time"] == "modelled ms (wall x sim.speed)" and data["slo"] == "ttft_p90 <= 500 ms"
+    (off, on) = data["legs"]
+    assert (off["leg"], off["path"], on["leg"], on["path"]) == ("off", "OFF", "on", "ON mixed (bidirectional)")
+    assert [p["sessions"] for p in off["points"]] == [4, 16] == [p["sessions"] for p in on["points"]]
+    warm_off16 = [3 * (r.ttft_ms or 0) for r in result.legs[0].records if r.length == 16 and r.turn]
+    assert off["points"][1]["ttft_p50_ms"] == round(percentile(warm_off16, 50), 1)
+    assert off["points"][1]["ttft_p90_ms"] == round(percentile(warm_off16, 90), 1)
+    assert [p["warm_turns"] for p in on["points"]] == [12, 48]
+    assert [p["path_mix"] for p in off["points"]] == [{"prefill cache": 12}, {"recompute": 48}]
+    assert [p["path_mix"] for p in on["points"]] == [{"local": 12}, {"local": 36, "D->P read": 12}]
+    assert [p["kv_read_back_per_warm_turn"] for p in on["points"]] == [
+        {"transfers": 0.0, "gib": 0.0, "tokens": 0.0}, {"transfers": 0.25, "gib": 0.125, "tokens": 2000.0}]
+    assert off["points"][1]["kv_read_back_per_warm_turn"] == {"transfers": 0.0, "gib": 0.0, "tokens": 0.0}
+    ratio = data["ttft_p90_ratios"]["on/off"]
+    p90s = [leg["points"][1]["ttft_p90_ms"] for leg in (on, off)]
+    assert ratio["4"] == 1.0 and ratio["16"] == round(p90s[0] / p90s[1], 3)
+    assert demo_summary.ratio_lines(summary)[0].startswith("on/off warm TTFT p90: 4 sessions 1.00x, 16 sessions 0.")
+
+
+def test_the_demos_first_case_summary_json_is_per_prompt_length(tmp_path: Path) -> None:
+    """Case 1's summary.json: one session at a time, a point per prompt length, wall-clock TTFT, the KV the
+    prefills metered over the leg's lengths (here the whole leg's, as the recorded run has no per-length meter)."""
+    import json
+
+    from pdctl import demo_summary
+
+    result = bench()
+    data = json.loads(demo_summary.write(demo_summary.sweep_summary(result, "single client"), tmp_path).read_text())
+    assert (data["axis"], data["time"]) == ("length", "wall ms")
+    off, on = data["legs"]
+    assert [p["length"] for p in off["points"]] == [2000, 8000, 16000, 24000]
+    assert {p["sessions"] for p in off["points"] + on["points"]} == {1}
+    warm = [r.ttft_ms or 0 for r in result.legs[1].records if r.length == 24000 and r.turn >= 1]
+    assert on["points"][3]["ttft_p50_ms"] == round(percentile(warm, 50), 1)
+    kv = on["points"][3]["kv_read_back_per_warm_turn"]
+    assert kv["gib"] is None and kv["transfers"] is None  # no meter per length: not metered, never 0
+    assert set(data["ttft_p90_ratios"]["on/off"]) == {"2000", "8000", "16000", "24000"}

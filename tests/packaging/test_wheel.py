@@ -72,6 +72,9 @@ def test_installed_wheel_inits_validates_and_runs_the_demo(wheelhouse: Path, tmp
     assert legs["simulated"] is True and legs["passed"] is True
     assert [leg["name"] for leg in legs["legs"]] == ["off", "on"]
     assert (work / "demo" / "bench" / "report.md").exists()
+    summary = json.loads((work / "demo" / "bench" / "summary.json").read_text())
+    assert summary["axis"] == "length" and [leg["leg"] for leg in summary["legs"]] == ["off", "on"]
+    assert [p["length"] for p in summary["legs"][0]["points"]] == [2000]
     # down ran: nothing of the demo deployment is left, and its state file is gone
     name = (work / "demo" / "topology.yaml").read_text().split("name: ", 1)[1].split()[0]
     assert _marked(f"PDCTL_DEPLOYMENT={name}") == []

@@ -38,6 +38,16 @@ def label(result: BenchResult) -> str:
     return "simulated engines (pdctl.sim)" if result.simulated else "vLLM"
 
 
+def axis(result: BenchResult) -> str:
+    """What a bench's points are, as its tables name the column: prompt lengths (the sweep), or numbers of agent
+    sessions (a capacity run, whose records carry their point's sessions as their length)."""
+    return "sessions" if result.workload.get("profile") == "agent" else "length"
+
+
+def axis_label(result: BenchResult) -> str:
+    return "concurrent agent sessions" if axis(result) == "sessions" else "prompt length at turn 1 (tokens of history)"
+
+
 @dataclass(frozen=True)
 class PrefillSplit:
     """Mean prefill duration of the warm turns of one leg and length, and how much of it was KV transfer."""
@@ -81,9 +91,12 @@ def plot_ttft(result: BenchResult, rows: list[SummaryRow], path: Path) -> None:
         lengths = lengths_of(leg.records)
         ys = [warm_mean(rows, leg.name, n) for n in lengths]
         ax.plot(lengths, ys, marker="o", label=_leg_label(leg))
-    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
-    ax.set_ylabel("mean TTFT of turns 2+ (ms)")
-    ax.set_title(_title("Multi-turn TTFT vs prompt length", result), fontsize=8)
+    ax.set_xlabel(axis_label(result))
+    # A capacity run's goodput plot and capacity table are in modelled time on the simulator; this one is not.
+    ax.set_ylabel("mean TTFT of turns 2+ (ms" + (", wall clock)" if result.simulated and axis(result) == "sessions"
+                                                  else ")"))
+    ax.set_title(_title(f"Multi-turn TTFT vs {'sessions' if axis(result) == 'sessions' else 'prompt length'}",
+                        result), fontsize=8)
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
     ax.legend()
@@ -107,9 +120,9 @@ def plot_prefill(result: BenchResult, splits: list[PrefillSplit], path: Path) ->
         else:
             ax.bar(xs, compute, width, color=color, label=f"{leg.name}: compute")
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
+    ax.set_xlabel(axis_label(result))
     ax.set_ylabel("mean prefill duration of turns 2+ (ms, X-PD-Prefill-Ms)")
-    ax.set_title(_title("Prefill duration per length", result), fontsize=8)
+    ax.set_title(_title(f"Prefill duration per {axis(result)}", result), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     _save(plt, fig, path)
@@ -126,10 +139,13 @@ def plot_goodput(points: Sequence[Point], slo: Slo, title: str, path: Path) -> N
         ax_t.plot(xs, [p.ttft_p90 for p in mine], marker="o", color=color, label=f"{leg} p90")
         ax_t.plot(xs, [p.ttft_p50 for p in mine], marker=".", linestyle="--", color=color, label=f"{leg} p50")
         ax_i.plot(xs, [p.itl_p99 for p in mine], marker="o", color=color, label=leg)
+    counts = sorted({p.sessions for p in points})
     for ax, limit, what in ((ax_t, slo.ttft_p90, "SLO p90"), (ax_i, slo.itl_p99, "SLO p99")):
         if math.isfinite(limit):
             ax.axhline(limit, color="black", linestyle=":", label=what)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])  # the measured counts, as numbers (not 2^k)
+        ax.minorticks_off()
         ax.set_xlabel("concurrent agent sessions")
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -164,7 +180,7 @@ def plot_stages(result: BenchResult, rows: list[StageRow], path: Path) -> None:
             if top:
                 ax.annotate(leg, (x, top), ha="center", va="bottom", fontsize=7, rotation=90)
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_xlabel("prompt length at turn 1 (tokens of history)")
+    ax.set_xlabel(axis_label(result))
     ax.set_ylabel("mean TTFT of turns 2+ (ms), by stage")
     ax.set_title(_title("Where warm-turn TTFT goes", result), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pdctl.bench.output.plots import label
+from pdctl.bench.output.plots import axis, label
 from pdctl.bench.output.report import ReportFiles
 from pdctl.bench.results.paths import leg_path
 from pdctl.bench.results.records import BenchResult, RequestRecord
@@ -62,7 +62,7 @@ def summary_table(result: BenchResult) -> Table:
     names = [leg.name for leg in result.legs]
     ratio = ratios(rows, names)
     table = Table(title=f"Mean TTFT of turns 2+ (ms) — {label(result)}", title_justify="left")
-    table.add_column("length", justify="right")
+    table.add_column(axis(result), justify="right")
     for name in names:
         table.add_column(name, justify="right")
     for name in names[1:]:

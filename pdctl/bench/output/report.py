@@ -90,7 +90,7 @@ def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, r
     lines = [head, "", "## Capacity: agent sessions per leg" + (" (simulated)" if result.simulated else ""), "",
              f"Workload: {', '.join(f'{k}={v}' for k, v in agent.items())}. TTFT over warm turns (turn >= 2); the "
              "inter-token figure is the p99 over requests of each request's largest gap between two chunks. "
-             "In the tables further down, `length` is the point's number of sessions"
+             "In the tables further down, each row is one point (its number of sessions)"
              + (" and times are wall clock; in this table they are modelled (wall x sim.speed)." if result.simulated
                 else "."), ""]
     lines += capacity.table(points, slo)
@@ -114,6 +114,7 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
     names = [leg.name for leg in result.legs]
     lengths = sorted({r.length for r in rows})
     ratio = ratios(rows, names)
+    x = plots.axis(result)
     verdict = "INTERRUPTED (Ctrl-C): partial results" if result.interrupted else \
         "PASSED" if result.passed else "FAILED"
     lines = [
@@ -140,29 +141,29 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
     if flags:
         lines += [""] + [f"**Flag**: {f}." for f in flags]
     lines += ["", "## TTFT of turns 2+ (ms): mean / median / p90", ""]
-    head = "| length | " + " | ".join(names) + " | " + " | ".join(f"{names[0]}/{n}" for n in names[1:])
+    head = f"| {x} | " + " | ".join(names) + " | " + " | ".join(f"{names[0]}/{n}" for n in names[1:])
     lines += [head.rstrip(" |") + " |", "|---" * (len(names) * 2) + "|"]
     for n in lengths:
         cells = [_triple(rows, leg, n, "ttft_ms") for leg in names]
         cells += [_fmt(ratio[leg][n], 2) for leg in names[1:]]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += ["", "## TTFT of turn 1 (cold on every leg, ms): mean", ""]
-    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for n in lengths:
         cells = [_fmt(_mean(rows, leg, n, "ttft_ms", "first")) for leg in names]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += _reuse_section(result.legs)
-    lines += _prefill_section(splits, names, lengths, result.legs)
-    lines += _after_prefill_section(result.legs, names, lengths)
-    lines += stages.markdown(stage_rows if stage_rows is not None else stages.stage_rows(result.legs))
+    lines += _prefill_section(splits, names, lengths, result.legs, x)
+    lines += _after_prefill_section(result.legs, names, lengths, x)
+    lines += stages.markdown(stage_rows if stage_rows is not None else stages.stage_rows(result.legs), x)
     lines += _streaming_section(result.legs)
     lines += [
         "",
         "## Plots",
         "",
-        f"![TTFT vs prompt length]({plots.TTFT_PNG})",
+        f"![TTFT vs {'sessions' if x == 'sessions' else 'prompt length'}]({plots.TTFT_PNG})",
         "",
-        f"![Prefill duration per length]({plots.PREFILL_PNG})",
+        f"![Prefill duration per {x}]({plots.PREFILL_PNG})",
         "",
         f"![Where warm-turn TTFT goes]({plots.STAGES_PNG})",
         "",
@@ -191,10 +192,10 @@ def _reuse_section(legs: list[LegResult]) -> list[str]:
 
 
 def _prefill_section(
-    splits: list[plots.PrefillSplit], names: list[str], lengths: list[int], legs: list[LegResult]
+    splits: list[plots.PrefillSplit], names: list[str], lengths: list[int], legs: list[LegResult], x: str = "length"
 ) -> list[str]:
     lines = ["", "## Prefill duration of turns 2+ (ms, router `X-PD-Prefill-Ms`): total (KV transfer + compute)", ""]
-    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     bidir = {leg.name: leg.bidirectional for leg in legs}
     for n in lengths:
         cells = []
@@ -210,10 +211,11 @@ def _prefill_section(
     return lines
 
 
-def _after_prefill_section(legs: list[LegResult], names: list[str], lengths: list[int]) -> list[str]:
+def _after_prefill_section(legs: list[LegResult], names: list[str], lengths: list[int],
+                           x: str = "length") -> list[str]:
     """TTFT minus the prefill hop: the decode admitting the request, pulling the blocks it lacks, its first step."""
     lines = ["", "## After the prefill: TTFT minus prefill of turns 2+ (ms, mean): the decode's part", ""]
-    lines += ["| length | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {x} | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     by_leg = {leg.name: leg for leg in legs}
     for n in lengths:
         cells = []

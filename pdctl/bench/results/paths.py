@@ -3,8 +3,9 @@
 A leg with `bidirectional_kv_xfer` on may still move no KV at all: every warm turn on its decode alone (conditional
 disaggregation), or every one served from the prefill's own prefix cache. Its label says so: the measured share of
 each source of the warm turns' history KV (the router's X-PD-KV-Reuse, `pdctl.router.wire.kv_source`), the D->P
-transfers and GiB per warm turn the prefills metered (a leg not metered, a capacity run's: the turns that reported
-a read, `read=R` in their header, and GiB unknown). Only a leg that moved KV from a decode is labelled
+transfers and GiB per warm turn the prefills metered (a leg not metered: the turns that reported a read, `read=R`
+in their header, and GiB unknown). A warm turn served from the prefill's cache that held under 90 % of its history
+counts as a recompute (`warm_sources`). Only a leg that moved KV from a decode is labelled
 bidirectional; one that claims it and moved none is flagged.
 
     OFF                       bidirectional off (the prefill's prefix cache, or recompute, on every turn)
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdctl.bench.results.records import LegResult
+from pdctl.bench.results.records import LegResult, RequestRecord
 from pdctl.router.wire import DECODE_CACHE, DECODE_READ, PREFILL_CACHE, PREFILL_WHOLE, RECOMPUTED
 
 DOMINANT = 0.9
+HELD = 0.9  # a prefill-cache turn whose cache held less of its history than this recomputed it (warm_sources)
 _NAMES = {DECODE_READ: "D->P read", DECODE_CACHE: "local", PREFILL_CACHE: "prefill cache",
           PREFILL_WHOLE: "whole on a prefill", RECOMPUTED: "recompute"}
 _PATHS = {DECODE_READ: "ON via prefill (bidirectional)", DECODE_CACHE: "ON local", PREFILL_CACHE: "ON prefill cache",
@@ -53,9 +56,28 @@ class LegPath:
         return self.transfers_per_turn > 0 or self.gib_per_turn > 0  # nan (unmetered) compares False
 
 
+def warm_sources(records: Sequence[RequestRecord]) -> list[tuple[RequestRecord, str]]:
+    """Each successful warm turn and where its history KV came from: the router's account (`kv_source`), except
+    that a turn served from the prefill's prefix cache which held under HELD of its history (the shared system
+    prompt, say, while the session's own tokens were evicted) counts as recomputed, which is what that prefill
+    mostly did. Its history: the previous turn's prompt and output."""
+    history = {(r.conversation_id, r.turn): (r.input_num_tokens or 0) + r.output_num_tokens for r in records}
+    out = []
+    for r in records:
+        if r.turn < 1 or not r.ok:
+            continue
+        source = r.source or RECOMPUTED
+        held = history.get((r.conversation_id, r.turn - 1), 0)
+        if source == PREFILL_CACHE and held and (r.reuse_cached or 0) < HELD * held:
+            source = RECOMPUTED
+        out.append((r, source))
+    return out
+
+
 def leg_path(leg: LegResult) -> LegPath:
-    warm = [r for r in leg.records if r.turn >= 1 and r.ok]
-    counts = Counter(r.source or RECOMPUTED for r in warm)
+    sourced = warm_sources(leg.records)
+    warm = [r for r, _ in sourced]
+    counts = Counter(source for _, source in sourced)
     shares = {s: counts[s] / len(warm) for s in _NAMES} if warm else {}
     n = max(len(warm), 1)
     transfers, gib = leg.kv.transfers / n, leg.kv.bytes / 2**30 / n

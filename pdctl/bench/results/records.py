@@ -40,6 +40,7 @@ class RequestRecord:
     reuse_tokens: int | None = None
     reuse_reason: str | None = None
     reuse_read: int | None = None  # tokens the prefill read from the decode (X-PD-KV-Reuse read=)
+    reuse_cached: int | None = None  # prompt tokens the prefill did not compute: cache hit + read (cached=)
     request_id: str | None = None
 
     @property
@@ -51,7 +52,7 @@ class RequestRecord:
         """Where this turn's history KV came from (pdctl.router.wire.kv_source); None without a router's header."""
         if self.reuse not in ("hit", "partial", "miss"):
             return None
-        return kv_source(self.reuse, self.reuse_reason or "", self.reuse_read)
+        return kv_source(self.reuse, self.reuse_reason or "", self.reuse_read, self.reuse_cached)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

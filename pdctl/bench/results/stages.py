@@ -80,9 +80,9 @@ def _per(kv: KvTransfer | None, turns: int) -> float:
     return kv.xfer_ms / turns
 
 
-def markdown(rows: list[StageRow]) -> list[str]:
+def markdown(rows: list[StageRow], axis: str = "length") -> list[str]:
     lines = ["", "## Where warm-turn TTFT goes (ms, mean of turns 2+): per stage", ""]
-    lines += ["| leg | length | turns | TTFT | " + " | ".join(STAGES) + " |", "|---" * (4 + len(STAGES)) + "|"]
+    lines += [f"| leg | {axis} | turns | TTFT | " + " | ".join(STAGES) + " |", "|---" * (4 + len(STAGES)) + "|"]
     for r in rows:
         cells = [f"{r.stages[s]:.1f}" for s in STAGES]
         lines.append(f"| {r.leg} | {r.length} | {r.turns} | {r.ttft_ms:.1f} | " + " | ".join(cells) + " |")

@@ -254,12 +254,17 @@ def _capacity_leg(spec: LegSpec, topo: Topology, ep: Endpoints, leg: LegResult, 
     A simulator's --speed divides the arrival and think times, as it divides the engines' time."""
     scale = topo.sim.speed if topo.engine == "sim" else 1.0
     transport = hosts[ep.router_node].async_http()
+    kv_meter = probe.KvMeter(ep, hosts)  # the prefills' D->P reads per point, as the sweep meters them per length
 
     def play_n(n: int) -> list[RequestRecord]:
         agent = dataclasses.replace(cap.agent, sessions=n, seed=cap.agent.seed * 1000 + n)
         progress.leg_started(f"{spec.name} x{n}", n * agent.turns)
+        kv_meter.start()
         records = _run_interruptible(
             lambda: play_sessions(agent, client, spec.name, scale, progress.request_done, transport))
+        kv = kv_meter.stop()
+        leg.kv_by_length[n] = kv
+        leg.kv = leg.kv + kv
         for rec in records:
             rec.length = n  # a capacity record's "length" is its point's session count
         leg.records += records

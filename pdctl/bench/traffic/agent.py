@@ -46,6 +46,10 @@ class Range:
             raise UsageError(f"{name} {text!r} must be >= 0 with low <= high", hint=f"e.g. {name} 200-2000")
         return cls(low, high)
 
+    @property
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
     def draw(self, rng: random.Random) -> float:
         return self.low if self.low == self.high else rng.uniform(self.low, self.high)
 

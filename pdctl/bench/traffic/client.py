@@ -139,6 +139,7 @@ async def send(
             if reuse.outcome != "absent":
                 rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason or None
                 rec.reuse_read = reuse.read
+                rec.reuse_cached = reuse.cached
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             else:
