@@ -47,8 +47,9 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("pdctl bench --sweep sessions=1,2,4,8,16 --slo ttft_p90=500", ""),
     ],
     "demo": [
-        ("pdctl demo", "simulated, free ports, no GPU"),
-        ("pdctl demo --eviction", "then the eviction case"),
+        ("pdctl demo", "case 1 only: one client on 1P1D"),
+        ("pdctl demo --eviction", "both cases, about 2 minutes on 2 cores"),
+        ("pdctl demo --eviction --ports 22000-22099", "keep to a port range"),
         ("pdctl demo --out /tmp/demo --turns 3", ""),
     ],
     "doctor": [
