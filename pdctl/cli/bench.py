@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 
 from pdctl.bench.output.render import as_json, print_outcome
-from pdctl.bench.runner.options import BenchArgs, bench_options
+from pdctl.bench.runner.options import APIS, CLIENTS, PROFILES, BenchArgs, bench_options
 from pdctl.bench.session import bench as run
+from pdctl.cli.complete import choices
 from pdctl.cli.errors import INTERRUPTED_EXIT
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json
@@ -25,7 +26,8 @@ def bench(
         str, typer.Option(help="Workload defaults: quick (minutes on the simulator), full (the seed's sweep, "
                           "7 lengths x 10 conversations x 10 turns), agent (agent sessions for --sweep/--slo) or "
                           "evict (agent sessions that exceed the prefills' KV; legs off, on-prefill, on, agg; "
-                          "docs/benchmarking.md); the flags below override it.")
+                          "docs/benchmarking.md); the flags below override it.",
+                          autocompletion=choices(*PROFILES, "agent", "evict"))
     ] = "quick",
     lengths: Annotated[
         str | None, typer.Option(help="Tokens of history at turn 1, comma-separated.", show_default=False)
@@ -42,7 +44,7 @@ def bench(
     rate: Annotated[float, typer.Option(help="Requests/s per client, Poisson; 0: back to back.")] = 0.0,
     api: Annotated[str, typer.Option(help="chat (text), responses or messages (the same text conversations on the "
                                          "Responses / Anthropic Messages API), or completions (token ids, the "
-                                         "anchor run's shape).")] = "chat",
+                                         "anchor run's shape).", autocompletion=choices(*APIS))] = "chat",
     leg: Annotated[
         list[str] | None,
         typer.Option(help="NAME:key=value,key=value (repeatable); default off and on on "
@@ -62,7 +64,8 @@ def bench(
     as_json_out: JsonOpt = False,
     client: Annotated[
         str, typer.Option("--client", help="Where the load player runs: auto (on the router's node when it is "
-                          "remote, else here), local (here, through the SSH connection) or router-node.")
+                          "remote, else here), local (here, through the SSH connection) or router-node.",
+                          autocompletion=choices(*CLIENTS))
     ] = "auto",
     sweep: Annotated[
         str | None, typer.Option(help="Capacity sweep of agent sessions per leg, e.g. sessions=1,2,4,8,16,32 "

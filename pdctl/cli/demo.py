@@ -50,12 +50,6 @@ def demo(
 
     Needs no GPU, no checkout and no topology file; results are simulated. Ctrl-C stops it, takes down what it
     started and exits 130.
-
-    Examples:
-
-      pdctl demo --eviction                      # both cases, about 2 minutes on 2 cores
-
-      pdctl demo --eviction --ports 22000-22099  # keep to a port range
     """
     start = time.monotonic()
     console = Console(stderr=True, soft_wrap=True)

@@ -3,6 +3,7 @@
     PdctlError          `Error: <message>` and `hint: <hint>` on stderr, exit 2 (bad input) or 1 (runtime);
                         with --debug the traceback first
     KeyboardInterrupt   `interrupted`, exit 130
+    BrokenPipeError     the reader of stdout left (`pdctl plan | head`): passed to click, which exits 1 quietly
     anything else       `Internal error: <type>: <message> (<file>:<line>)` and where the traceback was saved,
                         exit 1; the traceback goes to the debug log, and to stderr only with --debug
 typer's own exits and usage errors pass through: typer prints those itself.
@@ -47,6 +48,8 @@ def reported() -> Iterator[None]:
     except KeyboardInterrupt:
         err.print("interrupted")
         raise typer.Exit(INTERRUPTED_EXIT) from None
+    except BrokenPipeError:
+        raise
     except (typer.Exit, typer.Abort, TyperException, SystemExit):
         raise
     except Exception as exc:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from pdctl.cli.complete import example_names
 from pdctl.cli.output import err, out, say
 from pdctl.errors import UsageError
 from pdctl.examples import examples, write_example
@@ -14,7 +15,8 @@ from pdctl.examples import examples, write_example
 
 def init(
     name: Annotated[
-        str | None, typer.Option("--example", "-e", help="Shipped topology to write; without it: list them.")
+        str | None, typer.Option("--example", "-e", help="Shipped topology to write; without it: list them.",
+                                  autocompletion=example_names)
     ] = None,
     output: Annotated[
         Path, typer.Option("--output", "-o", help="File to write (the default is what every command reads).")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from pdctl.cli.complete import process_names
 from pdctl.cli.options import AcceptOpt, JsonOpt, KnownHostsOpt, SetOpt, SshConfigOpt, TopologyOpt, ssh_options
 from pdctl.cli.output import err, out, print_json, say
 from pdctl.cli.support import load_topology
@@ -23,7 +24,8 @@ def up(
         "finish), the others serving.")] = False,
     skip_provision: Annotated[bool, typer.Option("--skip-provision", help="Do not provision the hosts.")] = False,
     allow_reboot: Annotated[bool, typer.Option("--allow-reboot", help="Provisioning may reboot hosts.")] = False,
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Seconds to wait for health.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="Seconds to wait for health.", show_default="1800 with engine vllm, 120 with sim")] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke-test", help="Skip the two-turn reuse check.")] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print every change `up` would make, per host; change nothing.")
@@ -36,7 +38,7 @@ def up(
     from pdctl.lifecycle import UpOptions
     from pdctl.lifecycle import up as do_up
 
-    topo = load_topology(topology, overrides)
+    topo = load_topology(topology, overrides, noted=True)
     opts = UpOptions(
         ssh=ssh_options(accept_new_host_keys, ssh_config, known_hosts), restart=restart,
         rolling=rolling, provision=not skip_provision, allow_reboot=allow_reboot, timeout=timeout, smoke=not no_smoke,
@@ -122,7 +124,8 @@ class _Printed:
 
 
 def logs(
-    process: Annotated[str | None, typer.Argument(help="Process name (router, prefill-0, decode-0...).")] = None,
+    process: Annotated[str | None, typer.Argument(help="Process name (router, prefill-0, decode-0...).",
+                                                  autocompletion=process_names)] = None,
     topology: TopologyOpt = None,
     overrides: SetOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines (one process).")] = False,

@@ -35,6 +35,7 @@ def observe(
 ) -> None:
     """Render a Prometheus scrape configuration of the deployment (every router and engine) and pdctl's Grafana
     dashboard; with --start, run a real Prometheus on the router's node. Keys go to 0600 files, never to stdout."""
+    from pdctl.lifecycle.watch.observe import DASHBOARD, prometheus_dir
     from pdctl.lifecycle.watch.observe import observe as do_observe
 
     topo = load_topology(topology, overrides)
@@ -45,9 +46,13 @@ def observe(
     for path in done.files:
         say(out, f"wrote {path}")
     say(out, f"targets: {', '.join(done.targets)}")
-    if done.prometheus_url:
+    if done.prometheus_url and done.prometheus_node:
         say(out, f"prometheus: {done.prometheus_url} on {done.prometheus_node} (`pdctl down` stops it)")
-    say(out, "grafana: import pdctl-dashboard.json (Dashboards > New > Import), data source: that Prometheus")
+    if out_dir is not None:
+        board = str(out_dir / DASHBOARD)
+    else:  # only on the node, beside the Prometheus configuration
+        board = f"{prometheus_dir(topo, done.prometheus_node or '')}/{DASHBOARD} on {done.prometheus_node}"
+    say(out, f"grafana: import {board} (Dashboards > New > Import), data source: that Prometheus")
 
 
 def top(

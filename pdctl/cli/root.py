@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 
 from pdctl import __version__
 from pdctl.cli.errors import DEBUG, reported
+from pdctl.cli.help_examples import epilog
 from pdctl.cli.options import DebugOpt, JsonOpt, SetOpt, TopologyOpt
 from pdctl.cli.output import err, out, say
 from pdctl.cli.support import load_topology
@@ -48,17 +49,15 @@ class RootGroup(TyperGroup):
             return super().invoke(ctx)
 
 
-EXAMPLES = """Examples:
-
-\b
-    pdctl demo                          # simulated 1P1D on free ports: up, OFF/ON bench, down
-    pdctl init --example local-sim      # write ./pdctl.yaml, which every command reads by default
-    pdctl validate && pdctl up          # check the file, then start it
-    pdctl status                        # health, KV use, router hit rate
-    pdctl bench --lengths 2000,8000     # OFF vs ON legs, report and plots
-    pdctl down
-    pdctl --install-completion          # tab completion for your shell (bash, zsh, fish)
-"""
+EXAMPLES = epilog([
+    ("pdctl demo", "simulated 1P1D on free ports: up, OFF/ON bench, down"),
+    ("pdctl init --example local-sim", "write ./pdctl.yaml, read by default"),
+    ("pdctl validate && pdctl up", "check the file, then start it"),
+    ("pdctl status", "health, KV use, router hit rate"),
+    ("pdctl bench --lengths 2000,8000", "OFF vs ON legs, report and plots"),
+    ("pdctl down", ""),
+    ("pdctl --install-completion", "tab completion (bash, zsh, fish)"),
+])
 
 app = typer.Typer(
     cls=RootGroup,
@@ -89,7 +88,7 @@ def _root(
 @app.command()
 def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
     """Check a topology file and report every problem with its file:line."""
-    topo = load_topology(topology, overrides)
+    topo = load_topology(topology, overrides, noted=True)
     out.print(
         f"[green]ok[/] {topo.name}: {len(topo.prefill)} prefill, {len(topo.decode)} decode, "
         f"engine {topo.engine}, {len(topo.nodes)} node(s)"
@@ -103,7 +102,7 @@ def validate(topology: TopologyOpt = None, overrides: SetOpt = None) -> None:
 @app.command()
 def plan(topology: TopologyOpt = None, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print every process `up` would start: host, argv, environment, log, health URL, ports."""
-    shown = planned(load_topology(topology, overrides))
+    shown = planned(load_topology(topology, overrides, noted=True))
     if as_json:
         print(plan_json(shown.specs))
         return
@@ -124,6 +123,8 @@ from pdctl.cli.lifecycle import register as _register_lifecycle; _register_lifec
 from pdctl.cli.observe import register as _register_observe; _register_observe(app)  # noqa: E402, E702, I001
 from pdctl.cli.router import register as _register_router; _register_router(app)  # noqa: E402, E702, I001
 from pdctl.cli.tokenizer import register as _register_tokenizer; _register_tokenizer(app)  # noqa: E402, E702, I001
+# Last: each registered command gets the examples at the foot of its --help.
+from pdctl.cli.help_examples import add_examples; add_examples(app)  # noqa: E402, E702, I001
 
 
 def main() -> None:

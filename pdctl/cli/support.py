@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 from pdctl.cli.errors import call
-from pdctl.cli.output import err, out
+from pdctl.cli.output import err, out, say
 from pdctl.errors import UsageError
 from pdctl.topology import Topology, load
+from pdctl.topology.notes import notes
 
 __all__ = ["call", "err", "load_topology", "out", "topology_path"]  # call, err, out: cli/router.py's imports
 
@@ -28,5 +29,11 @@ def topology_path(given: Path | None) -> Path:
     )
 
 
-def load_topology(given: Path | None, overrides: list[str] | None = None) -> Topology:
-    return load(topology_path(given), overrides)
+def load_topology(given: Path | None, overrides: list[str] | None = None, *, noted: bool = False) -> Topology:
+    """The topology a command means; `noted`: say on stderr what it holds that pdctl will not use (the commands
+    that check or start a deployment say it; the others would repeat it at every call)."""
+    topo = load(topology_path(given), overrides)
+    if noted:
+        for line in notes(topo):
+            say(err, f"note: {line}")
+    return topo

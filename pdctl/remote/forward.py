@@ -1,7 +1,8 @@
 """A local TCP port whose connections are carried to an address on a host's network (`ssh -L`, in-process).
 
 Each accepted connection gets its own stream from `Transport.connect_tcp` (a `direct-tcpip` channel for SSH
-hosts) and a thread pumping bytes both ways until either side closes.
+hosts) and a thread pumping bytes both ways until either side closes. A connection the far side refuses is
+closed at once and said on stderr; the forwarding stays up for the next one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import sys
 import threading
 
 from pdctl.errors import PdctlError, UsageError
@@ -46,8 +48,10 @@ def serve(listener: socket.socket, transport: Transport, host: str, port: int, s
 def _pipe(conn: socket.socket, transport: Transport, host: str, port: int, stop: threading.Event) -> None:
     try:
         remote = transport.connect_tcp(host, port, timeout=10.0)
-    except (PdctlError, OSError):  # that client sees its connection closed; the tunnel stays up for others
+    except (PdctlError, OSError) as exc:  # that client sees its connection closed; the tunnel stays up for others
         conn.close()
+        why = str(exc) if isinstance(exc, PdctlError) else f"{transport.name}: {host}:{port}: {exc.strerror or exc}"
+        sys.stderr.write(f"port-forward: {why}; that connection was closed\n")
         return
     with contextlib.closing(conn), contextlib.closing(remote):
         ends = {conn.fileno(): (conn, remote), remote.fileno(): (remote, conn)}

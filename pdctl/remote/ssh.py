@@ -116,7 +116,11 @@ class SshTransport(Transport):
             link = self.client.get_transport()
             if link is None or not link.is_active():
                 raise ConnectError(self.name, "the SSH connection was lost", hint="check the host and rerun")
-            chan = link.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+            try:
+                chan = link.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+            except paramiko.ChannelException as exc:  # the node's sshd could not connect there
+                raise ConnectError(self.name, f"{host}:{port} refused through SSH ({self._where()}): {exc.text}",
+                                   hint="is the process listening there running? (`pdctl status`)") from None
         chan.settimeout(None)
         return chan
 

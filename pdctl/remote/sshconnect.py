@@ -2,11 +2,14 @@
 
 Unknown host keys are refused unless the caller opts in (then recorded); a changed key is always a hard error.
 paramiko and socket errors become `ConnectError`s in one place, `mapped_errors`, naming the host and what failed.
+paramiko's own log line for a refused channel is dropped (`_RefusedChannelLine`): the opener gets the refusal as an
+exception and reports it; any other paramiko log record still reaches stderr.
 """
 
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -19,6 +22,21 @@ import paramiko
 from pdctl.errors import ConnectError
 from pdctl.remote import knownhosts
 from pdctl.remote.sshconfig import HostConfig, host_config, proxy_command
+
+
+class _RefusedChannelLine(logging.Filter):
+    """paramiko logs "Secsh channel N open FAILED: Connection refused" at ERROR, and with no handler configured
+    Python prints it on stderr, whenever a channel is refused. It also raises that refusal (ChannelException) to
+    the code that opened the channel, and pdctl opens such channels on purpose: health polls before an engine
+    listens, probes of a process that is down. Those callers report (or expect) the refusal themselves, so the
+    log line only repeats it, out of context."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Secsh channel ") and " open FAILED: " in text)
+
+
+logging.getLogger("paramiko.transport").addFilter(_RefusedChannelLine())
 
 
 @dataclass(frozen=True)

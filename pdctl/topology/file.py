@@ -32,9 +32,18 @@ def load_file(path: Path, overrides: list[str]) -> Topology:
 
 
 def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology:
+    try:
+        return _parse(text, shown, overrides)
+    except TopologyError as exc:
+        if not overrides:
+            raise
+        raise TopologyError([_blame_caused(p, text, shown, overrides) for p in exc.problems]) from None
+
+
+def _parse(text: str, shown: str, overrides: list[str] | None) -> Topology:
     data, lines = _read_yaml(text, shown)
     for override in overrides or []:
-        _apply_override(data, override, shown)
+        _apply_override(data, override)
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
@@ -47,6 +56,26 @@ def parse(text: str, shown: str, overrides: list[str] | None = None) -> Topology
     return topo
 
 
+def _found(text: str, shown: str, overrides: list[str]) -> set[tuple[str, str]]:
+    """The problems (key, message) of the file with these overrides."""
+    try:
+        _parse(text, shown, overrides)
+    except TopologyError as exc:
+        return {(p.key, p.message) for p in exc.problems}
+    return set()
+
+
+def _blame_caused(problem: Problem, text: str, shown: str, overrides: list[str]) -> Problem:
+    """A problem located elsewhere that a `--set` caused (`--set nodes[0].name=x` orphans every `node: local`) is
+    the command line's too: the file alone does not have it. Blamed on the overrides without which it goes."""
+    seen = (problem.key, problem.message)
+    if problem.path.startswith("--set ") or seen in _found(text, shown, []):
+        return problem
+    culprits = [o for o in overrides if seen not in _found(text, shown, [x for x in overrides if x != o])]
+    shown_sets = " ".join(_source(o) for o in culprits or overrides)
+    return Problem(shown_sets, None, problem.key, problem.message, problem.hint)
+
+
 def _err_loc(err: Any) -> Loc:
     return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
 
@@ -57,8 +86,13 @@ def _blame(problem: Problem, loc: Loc, overrides: list[str] | None) -> Problem:
         key = override.partition("=")[0]
         parts = [p for piece in key.replace("]", "").split(".") for p in piece.split("[")]
         if len(parts) <= len(loc) and all(p == "*" or p == str(x) for p, x in zip(parts, loc, strict=False)):
-            return Problem(f"--set {override}", None, problem.key, problem.message, problem.hint)
+            return Problem(_source(override), None, problem.key, problem.message, problem.hint)
     return problem
+
+
+def _source(override: str, width: int = 60) -> str:
+    """Where a problem of an override is: `--set KEY=VALUE`, a long value cut."""
+    return f"--set {override if len(override) <= width else override[:width] + '...'}"
 
 
 def _read_yaml(text: str, shown: str) -> tuple[dict[str, Any], dict[Loc, int]]:
@@ -125,17 +159,20 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
-    """Set `a.b[0].c=value` (value parsed as YAML) in the raw document; `prefill[*].x` sets every item."""
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    """Set `a.b[0].c=value` (value parsed as YAML) in the raw document; `prefill[*].x` sets every item.
+    Its mistakes are blamed on `--set KEY=VALUE`, never on the file."""
+    source = _source(override)
     key, sep, raw = override.partition("=")
     if not sep or not key:
-        raise TopologyError([Problem(shown, None, override, "override must look like key.path=value")])
+        raise TopologyError([Problem(source, None, "", "an override must look like key.path=value",
+                                     "e.g. --set model.max_num_seqs=8")])
     try:
-        value, _ = read(raw, shown, inline=True)
+        value, _ = read(raw, source, inline=True)
     except TopologyError as exc:
         reason = exc.problems[0].message.removeprefix("the value: ")
         raise TopologyError([Problem(
-            shown, None, f"--set {key}", f"the value {raw!r} is not valid YAML ({reason})",
+            source, None, key, f"the value {raw!r} is not valid YAML ({reason})",
             f"quote a text value: --set '{key}=\"...\"'",
         )]) from None
     parts: list[str] = []
@@ -149,7 +186,7 @@ def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
             if isinstance(target, list):
                 indices = range(len(target)) if part == "*" else [int(part)] if part.isdigit() else []
                 if not indices or max(indices) >= len(target):
-                    raise TopologyError([Problem(shown, None, key, f"no list item `{part}` to override")])
+                    raise TopologyError([Problem(source, None, key, f"no list item `{part}` to override")])
                 for idx in indices:
                     if last:
                         target[idx] = value
@@ -161,5 +198,5 @@ def _apply_override(data: dict[str, Any], override: str, shown: str) -> None:
                 else:
                     nxt.append(target.setdefault(part, {}))
             else:
-                raise TopologyError([Problem(shown, None, key, f"cannot override inside `{part}`")])
+                raise TopologyError([Problem(source, None, key, f"cannot override inside `{part}`")])
         targets = nxt

@@ -131,3 +131,29 @@ def test_typer_usage_errors_pass_through_the_boundary(debug_log: Path) -> None:
     assert result.exit_code == 2
     assert "Internal error" not in result.stderr and "Invalid value for '--watch'" in result.stderr
     assert not debug_log.exists()
+
+
+CLOSED_PIPE = """
+import sys
+from pdctl.cli import output
+def closed(*args, **kwargs):
+    raise BrokenPipeError(32, "Broken pipe")
+output.out.print = closed
+from pdctl.cli.root import main
+sys.argv = ["pdctl", "validate", "-t", sys.argv[1]]
+main()
+"""
+
+
+def test_a_reader_that_leaves_early_is_no_internal_error(tmp_path: Path) -> None:
+    """`pdctl validate | head -0`: stdout's write fails; click exits 1 without a word, not an "Internal error"
+    with a saved traceback."""
+    import subprocess
+    import sys
+
+    topo = Path(__file__).resolve().parents[2] / "configs" / "local-sim.yaml"
+    env = {"PATH": "", "PDCTL_DEBUG_LOG": str(tmp_path / "debug.log")}
+    done = subprocess.run([sys.executable, "-c", CLOSED_PIPE, str(topo)], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert (done.returncode, done.stderr) == (1, "")
+    assert not (tmp_path / "debug.log").exists()

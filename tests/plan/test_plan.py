@@ -100,7 +100,7 @@ def test_plan_command_prints_the_commands() -> None:
     result = CliRunner().invoke(app, ["plan", "-t", str(ROOT / "configs/p5en-1p1d.yaml")], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert "FI_PROVIDER=efa" in result.output
-    assert ("~/.pdctl/venv/bin/vllm' serve Qwen/Qwen3-32B --served-model-name Qwen --dtype bfloat16 "
+    assert (" ~/.pdctl/venv/bin/vllm serve Qwen/Qwen3-32B --served-model-name Qwen --dtype bfloat16 "
             "--tensor-parallel-size 8 --max-model-len 32768 --max-num-seqs 8 --no-enable-prefix-caching "
             "--enable-prompt-tokens-details --host 10.0.1.10 --port 8100 --kv-transfer-config") in result.output
     assert 'VLLM_API_KEY="$(cat ~/.pdctl/p5en-1p1d/engine.key)"' in result.output

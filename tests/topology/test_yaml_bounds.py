@@ -91,14 +91,15 @@ def test_utf8_bom_is_fine(tmp_path: Path) -> None:
 def test_bad_set_yaml(tmp_path: Path) -> None:
     code, output = validate(write(tmp_path, VALID), "--set", "model=[: bad")
     assert code == 2
-    assert "topo.yaml: --set model: the value '[: bad' is not valid YAML (YAML syntax error: expected the node " \
-        "content, but found ':') (quote a text value: --set 'model=\"...\"')" in output, output
+    assert "invalid topology (1 problem): --set model=[: bad: model: the value '[: bad' is not valid YAML (YAML " \
+        "syntax error: expected the node content, but found ':') (quote a text value: --set 'model=\"...\"')" \
+        in output, output
 
 
 def test_set_value_is_bounded_too(tmp_path: Path) -> None:
     code, output = validate(write(tmp_path, VALID), "--set", "model=" + "[" * 100 + "]" * 100)
     assert code == 2
-    assert "topo.yaml: --set model: the value '[[[" in output
+    assert f"invalid topology (1 problem): --set model={'[' * 54}...: model: the value '[[[" in output
     assert "is not valid YAML (nested deeper than 64 levels)" in output, output
 
 
