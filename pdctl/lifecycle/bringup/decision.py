@@ -17,6 +17,7 @@ from pdctl.topology import Topology
 SHARED_GPU_WHY = ("vLLM sizes its KV from the GPU memory free at start, and a peer keeps the memory of the engine "
                   "it talked to mapped (UCX cuda_ipc) until the peer itself stops: the replacement would not find "
                   "the memory it needs and the deployment would be left without it")
+NOTHING_STOPPED = "Nothing was stopped"
 SHARED_GPU_COST = "every engine stops, then starts; each conversation's next turn misses once"
 
 
@@ -147,11 +148,11 @@ def refusal(topo: Topology, decision: Decision, rolling: bool = False) -> Launch
         )
     if decision.held:
         reasons = "; ".join(f"{name} {how}" for name, how in decision.held.items())
-        again = "without --rolling: " if rolling else ""
+        again = " without --rolling: " if rolling else ": "
         return LaunchError(
             f"{topo.name}: cannot replace {', '.join(decision.held)} while the deployment runs: {reasons}. "
-            f"{SHARED_GPU_WHY}. Nothing was stopped",
-            hint=f"restart the deployment {again}`pdctl up -t {topo.file} --restart` ({SHARED_GPU_COST}), or "
+            f"{SHARED_GPU_WHY}. {NOTHING_STOPPED}",
+            hint=f"restart the deployment{again}`pdctl up -t {topo.file} --restart` ({SHARED_GPU_COST}), or "
                  f"`pdctl down -t {topo.file}` then `pdctl up -t {topo.file}`",
         )
     return None

@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from pdctl.errors import LaunchError
 from pdctl.lb_config import server_diff
-from pdctl.lifecycle.bringup.decision import decide, live_membership, refusal
+from pdctl.lifecycle.bringup.decision import NOTHING_STOPPED, decide, live_membership, refusal
 from pdctl.lifecycle.bringup.pipeline import UpOptions
 from pdctl.lifecycle.bringup.preflight import preflight
 from pdctl.lifecycle.bringup.provision import HostPreview, preview
@@ -194,7 +194,8 @@ def _processes(
     decision = decide(specs, state, live, restart and rolling, engine=topo.engine)
     held = refusal(topo, decision, restart and rolling) if decision.held and not decision.changed else None
     if held is not None:
-        failures.append(f"{held.message} ({held.hint})")
+        why = held.message.removesuffix(f". {NOTHING_STOPPED}")
+        failures.append(f"{why}; `up` refuses before it stops anything ({held.hint})")
     replaced = {s.name for s in decision.replace}
     joining = [s.name for s in decision.start if s.role in ("prefill", "decode")]
     for spec in specs:
