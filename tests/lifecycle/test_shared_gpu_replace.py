@@ -163,3 +163,31 @@ def test_up_refuses_before_anything_stops_and_the_simulator_still_replaces_live(
         assert {n: after[n] for n in ("decode-0", "router")} == {n: before[n] for n in ("decode-0", "router")}
     finally:
         down(topo, console)
+
+
+@pytest.mark.slow
+def test_a_replacement_that_never_serves_is_stopped_said_and_started_again_by_the_next_up(
+        tmp_path: Path, pdctl_home: Path, console: Console) -> None:
+    name = "h39live-broken"
+    path = tmp_path / "topo.yaml"
+    path.write_text(_yaml(name, tmp_path / "work", "sim", _ports()))
+    topo = load(path)
+    store = StateStore(name)
+    try:
+        up(topo, console, UpOptions(smoke=False))
+        with pytest.raises(LaunchError) as failed:  # a prefill that cannot start: its Python has no home
+            up(load(path, ["env.prefill.PYTHONHOME=/nonexistent"]), console, UpOptions(smoke=False))
+        assert failed.value.message.startswith(
+            "prefill-0's replacement did not become healthy, so it is stopped again (the deployment has no prefill "
+            "now: the router answers 503 until one is healthy): prefill-0 on local exited before it served")
+        assert "`pdctl up` with the setting fixed (or as it was) starts it again" in failed.value.hint
+        state = store.load()
+        assert state is not None and sorted(state.processes) == ["decode-0", "router"]
+        from pdctl.remote.local import LocalTransport
+
+        assert "prefill-0" not in {p.process for p in LocalTransport().find_by_marker(name)}
+
+        back = up(topo, console)  # as it was: the prefill starts again, and the smoke test goes through it
+        assert back.started == ["prefill-0"] and back.smoke is not None and back.smoke.turn2.outcome == "hit"
+    finally:
+        down(topo, console)

@@ -144,7 +144,9 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         try:
             wait_healthy([spec], hosts, topo.name, console, timeout=timeout, check=check)
         except LaunchError as exc:
-            raise _not_replaced(topo, hosts, store, state, console, spec, engines, exc) from None
+            error = _not_replaced(topo, hosts, store, state, console, spec, engines, exc)
+            publish(engines)  # a member again, not draining: the router finds it down, and back once it serves
+            raise error from None
         publish(engines, leaving={old.url} - {spec.url})
         done.append(f"{spec.name} replaced")
     return done
@@ -161,8 +163,8 @@ def _not_replaced(topo: Topology, hosts: Mapping[str, Transport], store: StateSt
             f"the deployment has no {spec.role} now: the router answers 503 until one is healthy")
     return LaunchError(
         f"{spec.name}'s replacement did not become healthy, so it is stopped again ({left}): {exc.message}",
-        hint=f"read its log (`pdctl logs -t {topo.file} {spec.name}`), fix the setting, then `pdctl up -t "
-             f"{topo.file}` starts it again; `pdctl up -t {topo.file} --restart` restarts the whole deployment",
+        hint=f"read its log (`pdctl logs -t {topo.file} {spec.name}`); `pdctl up` with the setting fixed (or as it "
+             "was) starts it again, the rest left running",
     )
 
 
