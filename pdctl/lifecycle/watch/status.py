@@ -6,7 +6,7 @@ Rendering lives in `status_view`; `--json` is `StatusReport.to_json()` of the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from pdctl.remote.fanout import parallel
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
-from pdctl.router.wire import RetentionStats, RouterStats
+from pdctl.router.wire import RouterStats
 from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology
@@ -41,10 +41,7 @@ _SAMPLES = {
     em.NIXL_FAILED.removesuffix("_total"): "nixl_failures",
     em.NIXL_EXPIRED: "kv_expired",
     em.NIXL_EXPIRED.removesuffix("_total"): "kv_expired",
-    "pdctl_sim_kv_retained_blocks": "kv_retained_blocks",
-    "pdctl_sim_kv_num_gpu_blocks": "kv_blocks",
 }
-PRESSURE = "pressure"  # the release reason of handles dropped to make room (the router's `pdctl_router_kv_releases`)
 
 
 @dataclass
@@ -56,37 +53,6 @@ class EngineMetrics:
     nixl_bytes: float = 0
     nixl_failures: float = 0
     kv_expired: float = 0
-    # the simulator's own count of the KV blocks it keeps for a peer, against all it has (vLLM exports neither)
-    kv_retained_blocks: float | None = None
-    kv_blocks: float | None = None
-
-
-@dataclass
-class DecodePins:
-    """One decode as a router's retention sees it: the KV its live handles pin there against the decode's total."""
-
-    url: str
-    name: str  # the decode's process name (its URL where the plan has no such decode)
-    retained_blocks: int = 0
-    retained_tokens: int = 0
-    handles: int = 0
-    capacity_tokens: int | None = None  # the decode's KV, from its /metrics (None: not known yet)
-    retained_share: float | None = None  # retained_tokens / capacity_tokens
-    kv_usage: float | None = None  # the decode's own KV use at the router's last poll
-
-
-@dataclass
-class RetentionStatus:
-    """A router's retained KV: its pins per decode, and what it released (under pressure: to make room)."""
-
-    high_kv: float = 0.0
-    target_kv: float = 0.0
-    handles: int = 0
-    release_queue: int = 0
-    pressure_events: int = 0  # polls that found a decode under pressure and released something
-    released_under_pressure: int = 0  # handles released to make room (sent)
-    releases: dict[str, int] = field(default_factory=dict)  # why -> releases sent
-    decodes: list[DecodePins] = field(default_factory=list)
 
 
 @dataclass
@@ -120,10 +86,6 @@ class RouterStatus:
     live_handles: int = 0
     error: str | None = None
     name: str = "router"
-    recent_window_s: float = 0.0  # the same hit rate over the router's last recent_window_s seconds
-    recent_eligible_turns: int = 0
-    recent_hit_rate: float | None = None  # None: no eligible turn in the window
-    retention: RetentionStatus | None = None  # disaggregated routers
 
 
 @dataclass
@@ -194,10 +156,10 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         elif not rows[router.name].alive:
             report.router = RouterStatus(router.url, error="the router is not running")
         else:
-            report.router = router_stats(hosts[router.node], router.url, router.name, specs)
+            report.router = router_stats(hosts[router.node], router.url, router.name)
         if len(routers) > 1:  # behind a load balancer: each router's own /stats, one row each
             report.routers = [RouterStatus(r.url, error=f"{r.node} unreachable", name=r.name)
-                              if r.node in report.unreachable else router_stats(hosts[r.node], r.url, r.name, specs)
+                              if r.node in report.unreachable else router_stats(hosts[r.node], r.url, r.name)
                               for r in routers]
         entry_spec = entry(specs)
         report.reach = reach_hint(topo, entry_spec, hosts.get(entry_spec.node))
@@ -276,8 +238,7 @@ def parse_metrics(text: str) -> EngineMetrics:
     return EngineMetrics(**values)
 
 
-def router_stats(transport: Transport, url: str, name: str = "router",
-                 specs: Sequence[ProcessSpec] = ()) -> RouterStatus:
+def router_stats(transport: Transport, url: str, name: str = "router") -> RouterStatus:
     try:
         with httpx.Client(transport=transport.http(), timeout=3.0) as client:
             data = client.get(f"{url}/stats").json()
@@ -290,25 +251,7 @@ def router_stats(transport: Transport, url: str, name: str = "router",
     return RouterStatus(
         url=url, requests_total=stats.requests_total, hit=stats.hit, partial=stats.partial, miss=stats.miss,
         hit_rate=stats.hit_rate, reused_tokens_total=stats.reused_tokens_total, local_turns=stats.local_turns,
-        live_handles=stats.live_handles, name=name, recent_window_s=stats.recent_window_s,
-        recent_eligible_turns=stats.recent_eligible_turns,
-        recent_hit_rate=stats.recent_hit_rate if stats.recent_eligible_turns else None,
-        retention=retention_status(stats.retention, specs) if stats.retention is not None else None,
-    )
-
-
-def retention_status(r: RetentionStats, specs: Sequence[ProcessSpec] = ()) -> RetentionStatus:
-    """The /stats `retention` section as `status` shows it: each decode by its process name."""
-    names = {s.url: s.name for s in specs if s.role == "decode"}
-    sent = {reason: results.get("sent", 0) for reason, results in r.releases.items()}
-    return RetentionStatus(
-        high_kv=r.high_kv, target_kv=r.target_kv, handles=r.handles, release_queue=r.release_queue,
-        pressure_events=r.pressure_events, released_under_pressure=sent.get(PRESSURE, 0),
-        releases={k: v for k, v in sorted(sent.items()) if v},
-        decodes=[DecodePins(
-            d.url, names.get(d.url, d.url), d.retained_blocks, d.retained_tokens, d.handles, d.capacity_tokens,
-            round(d.retained_tokens / d.capacity_tokens, 4) if d.capacity_tokens else None, d.kv_usage)
-            for d in r.decodes],
+        live_handles=stats.live_handles, name=name,
     )
 
 
