@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from pdctl.errors import LaunchError
 from pdctl.lb_config import server_diff
-from pdctl.lifecycle.bringup.decision import decide, live_membership
+from pdctl.lifecycle.bringup.decision import NOTHING_STOPPED, decide, live_membership, refusal
 from pdctl.lifecycle.bringup.pipeline import UpOptions
 from pdctl.lifecycle.bringup.preflight import preflight
 from pdctl.lifecycle.bringup.provision import HostPreview, preview
@@ -145,7 +145,7 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
         nodes = sorted({s.node for s in specs if s.node in hosts})
         live = parallel(nodes, lambda n: launch.running(hosts[n], topo.name, n))
         known = [s for s in specs if s.node in hosts]
-        to_start = _processes(known, state, live, opts.restart, by_node, opts.rolling)
+        to_start = _processes(topo, known, state, live, opts.restart, by_node, opts.rolling, report.failures)
         _lb_reload(topo, known, hosts, by_node)
         for spec in specs:
             if spec.node in failed:
@@ -171,14 +171,17 @@ def dry_run(topo: Topology, options: UpOptions | None = None) -> DryRunReport:
 
 
 def _processes(
+    topo: Topology,
     specs: Sequence[ProcessSpec],
     state: DeploymentState,
     live: Mapping[str, dict[str, list[HostProcess]]],
     restart: bool,
     hosts: Mapping[str, HostDryRun],
-    rolling: bool = False,
+    rolling: bool,
+    failures: list[str],
 ) -> list[ProcessSpec]:
-    """Record each process's fate on its host; returns what `up` would start (with --restart: all of them)."""
+    """Record each process's fate on its host; returns what `up` would start (with --restart: all of them).
+    A replacement `up` would refuse (a vLLM engine whose GPU memory a running peer holds) goes to `failures`."""
     if restart and not (rolling and live_membership(specs)):
         for spec in specs:
             running = bool(live[spec.node].get(spec.name))
@@ -188,13 +191,21 @@ def _processes(
         for node, procs in live.items():
             hosts[node].processes += [ProcessChange(n, "stop", "not in the topology") for n in procs if n not in names]
         return list(specs)
-    decision = decide(specs, state, live, restart and rolling)
+    decision = decide(specs, state, live, restart and rolling, engine=topo.engine)
+    held = refusal(topo, decision, restart and rolling) if decision.held and not decision.changed else None
+    if held is not None:
+        why = held.message.removesuffix(f". {NOTHING_STOPPED}")
+        failures.append(f"{why}; `up` refuses before it stops anything ({held.hint})")
     replaced = {s.name for s in decision.replace}
     joining = [s.name for s in decision.start if s.role in ("prefill", "decode")]
     for spec in specs:
         if spec.name in decision.changed:
             why = "its argv changed" if spec.name in state.processes else "not recorded in the state file"
             change = ProcessChange(spec.name, "restart", f"{why}: `pdctl up --restart` restarts the deployment")
+        elif spec.name in decision.held:
+            why = "--restart --rolling" if restart else "its argv changed"
+            change = ProcessChange(spec.name, "restart", f"{why}, but not live: it {decision.held[spec.name]}; "
+                                   "`pdctl up --restart` restarts the deployment")
         elif spec.name in replaced:
             why = "--restart --rolling" if restart else "its argv changed"
             lb = any(s.role == "lb" for s in specs)

@@ -100,7 +100,7 @@ def _deploy(topo: Topology, console: Console, opts: UpOptions, store: StateStore
             stop_all(topo, specs, hosts, state, console, stragglers=True)
             state = DeploymentState(name=topo.name, topology=topo.name, slurm=state.slurm)
         live = parallel(sorted({s.node for s in specs}), lambda n: launch.running(hosts[n], topo.name, n))
-        decision = decide_or_refuse(topo.name, specs, state, live, opts.restart and opts.rolling)
+        decision = decide_or_refuse(topo, specs, state, live, opts.restart and opts.rolling)
         to_start, kept = decision.start, decision.kept
         if to_start and not kept and topo.engine == "vllm":
             state.gpu_memory_before = gpu_memory.used(topo, specs, hosts)  # what `down` must return the GPUs to

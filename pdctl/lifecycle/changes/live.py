@@ -2,6 +2,10 @@
 (drained, stopped, started, back in) one at a time, and the router learns each change from its members file and
 a SIGHUP (pdctl.lifecycle.changes.membership); nothing that did not change is restarted.
 
+A vLLM engine whose GPU memory a running peer may hold (one GPU shared, or one node's engines over UCX cuda_ipc)
+is never replaced here: `up` refuses it before anything stops (pdctl.lifecycle.bringup.decision.gpu_peers). A
+replacement that does not become healthy is stopped again, and the error says what serves meanwhile.
+
 A drain: the router takes no new turn to the engine, its in-flight streams finish, and (a decode) the router
 releases the handles it holds there; only then is the engine stopped.
 """
@@ -14,6 +18,7 @@ from typing import Protocol
 
 from rich.console import Console
 
+from pdctl.errors import LaunchError
 from pdctl.lifecycle.changes import lb as balancer
 from pdctl.lifecycle.changes import membership, routers_live
 from pdctl.lifecycle.hosts import launch
@@ -136,10 +141,31 @@ def converge(topo: Topology, specs: Sequence[ProcessSpec], hosts: Mapping[str, T
         new = launch.start(hosts[spec.node], spec, topo.name)
         store.record(state, new)
         console.print(f"started {spec.name} on {spec.node} (pid {new.pid}), log {spec.log_path}", highlight=False)
-        wait_healthy([spec], hosts, topo.name, console, timeout=timeout, check=check)
+        try:
+            wait_healthy([spec], hosts, topo.name, console, timeout=timeout, check=check)
+        except LaunchError as exc:
+            error = _not_replaced(topo, hosts, store, state, console, spec, engines, exc)
+            publish(engines)  # a member again, not draining: the router finds it down, and back once it serves
+            raise error from None
         publish(engines, leaving={old.url} - {spec.url})
         done.append(f"{spec.name} replaced")
     return done
+
+
+def _not_replaced(topo: Topology, hosts: Mapping[str, Transport], store: StateStore, state: DeploymentState,
+                  console: Console, spec: ProcessSpec, engines: Sequence[Member], exc: LaunchError) -> LaunchError:
+    """A replacement that did not become healthy is stopped and forgotten (the next `up` starts it again, rather
+    than keeping a process that never served); the error says what serves meanwhile and what to run."""
+    _stop(topo, hosts, state.processes[spec.name], console)
+    store.forget(state, spec.name)
+    others = [e.name for e in engines if e.role == spec.role and e.name != spec.name]
+    left = (f"{', '.join(others)} serve{'s' * (len(others) == 1)} its role meanwhile" if others else
+            f"the deployment has no {spec.role} now: the router answers 503 until one is healthy")
+    return LaunchError(
+        f"{spec.name}'s replacement did not become healthy, so it is stopped again ({left}): {exc.message}",
+        hint=f"read its log (`pdctl logs -t {topo.file} {spec.name}`); `pdctl up` with the setting fixed (or as it "
+             "was) starts it again, the rest left running",
+    )
 
 
 def gone_of(state: DeploymentState, changes: Changes) -> list[ProcessRecord]:
