@@ -143,10 +143,18 @@ class BenchResult:
     started_at: str = ""
     wall_s: float = 0.0
     interrupted: bool = False  # Ctrl-C: the legs hold what finished before it
+    # after the report: where the deployment was left ("as found", "down", "unknown") and the line saying so
+    deployment_state: str = ""
+    deployment: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.interrupted and all(leg.passed for leg in self.legs)
+        return not self.interrupted and not self.restore_failed and all(leg.passed for leg in self.legs)
+
+    @property
+    def restore_failed(self) -> bool:
+        """The deployment was left neither as found nor down on purpose (a Ctrl-C asks for down)."""
+        return self.deployment_state == "unknown" or (self.deployment_state == "down" and not self.interrupted)
 
     @property
     def records(self) -> list[RequestRecord]:
