@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +74,21 @@ def _until(proc: subprocess.Popen[str], *words: str) -> list[str]:
     raise AssertionError(f"no line with {words} in:\n{''.join(seen)}")
 
 
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """stdout, and the rest of stderr, read through the buffered pipes `_until` reads (communicate() would skip
+    what they hold already); the process is killed if it outlives `timeout`."""
+    assert proc.stdout is not None and proc.stderr is not None
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        stderr = proc.stderr.read()
+        stdout = proc.stdout.read()
+        proc.wait()
+    finally:
+        killer.cancel()
+    return stdout, stderr
+
+
 def _left(topology: Path, stdout: str) -> str:
     """Where the bench says it left the deployment, checked against what runs."""
     topo = load(topology)
@@ -100,7 +116,7 @@ def test_ctrl_c_twice_keeps_the_report_and_says_where_the_deployment_was_left(
         # once are merged into one by the kernel)
         _until(proc, "interrupted: writing the report")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = _finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -122,7 +138,7 @@ def test_ctrl_c_during_the_restore_takes_the_deployment_down_and_says_so(sim_top
         proc.send_signal(signal.SIGINT)
         before = _until(proc, "restoring", "as it was found (running)")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = _finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -21,6 +21,7 @@ from contextlib import contextmanager, suppress
 from types import FrameType
 
 _current: list[Interrupts] = []
+Step = str | Callable[[], str]  # what is being finished, or how to say it at the moment of the Ctrl-C
 
 
 def current() -> Interrupts | None:
@@ -31,11 +32,11 @@ def current() -> Interrupts | None:
 class Interrupts:
     """Counts and says Ctrl-C; `count` is how many arrived while installed."""
 
-    def __init__(self, say: Callable[[str], None], step: str = "what it is doing") -> None:
+    def __init__(self, say: Callable[[str], None], step: Step = "what it is doing") -> None:
         self.say = say
         self.count = 0
-        self._step: str | None = step  # None: the next Ctrl-C stops the work
-        self._then = step
+        self._step: Step | None = step  # None: the next Ctrl-C stops the work
+        self._then: Step = step
         self._said: str | None = None
         self._cancel: Callable[[], None] | None = None
         self._in_stops = False
@@ -76,7 +77,7 @@ class Interrupts:
             self._in_stops, self._step, self._cancel = False, saved, None
 
     @contextmanager
-    def finishing(self, step: str) -> Iterator[None]:
+    def finishing(self, step: Step) -> Iterator[None]:
         """Within: each Ctrl-C is said as finishing `step`, and counted."""
         saved = self._step
         self._step = step
@@ -96,7 +97,8 @@ class Interrupts:
                 self._cancel()
                 return
             raise KeyboardInterrupt
-        self.say(f"interrupt received: finishing {self._step}")
+        step = self._step() if callable(self._step) else self._step
+        self.say(f"interrupt received: finishing {step}")
 
     def _tell_previous(self, signum: int, frame: FrameType | None) -> None:
         """The handler this one replaced also hears of the Ctrl-C (the CLI's records it, to end the process at once
