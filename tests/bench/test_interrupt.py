@@ -1,4 +1,6 @@
-"""Ctrl-C during `pdctl bench` keeps the requests that finished: the report is written from them, exit 130."""
+"""Ctrl-C during `pdctl bench` keeps the requests that finished: the report is written from them first, exit 130;
+the deployment is then put back as found, or, at one more Ctrl-C, taken all the way down, and the output says
+which."""
 
 from __future__ import annotations
 
@@ -7,12 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from pdctl.bench.leg.legs import endpoints
+from pdctl.bench.runner import probe
 from pdctl.lifecycle import UpOptions, up
+from pdctl.remote.local import LocalTransport
 from pdctl.topology import load
 
 
@@ -45,4 +51,101 @@ def test_ctrl_c_writes_the_report_of_what_finished(sim_topology: Path, tmp_path:
     assert (out / "report.md").read_text().splitlines()[2].startswith("INTERRUPTED (Ctrl-C): partial results.")
     assert "bench interrupted after " in stdout
     assert f"the report holds the {len(records)} requests that finished" in stdout
+    assert "Traceback" not in stderr, stderr
+
+
+def _bench(topology: Path, out: Path) -> subprocess.Popen[str]:
+    """A redeploying bench (legs off and on) long enough to be interrupted in its first leg."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pdctl", "bench", "-t", str(topology), "--no-warmup", "--lengths", "256",
+         "--conversations", "200", "--turns", "3", "--user-tokens", "16", "--output-tokens", "4", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"}, text=True,
+    )
+
+
+def _until(proc: subprocess.Popen[str], *words: str) -> list[str]:
+    """stderr lines up to the first holding every word (the rest stays in the pipe)."""
+    assert proc.stderr is not None
+    seen: list[str] = []
+    for line in proc.stderr:
+        seen.append(line)
+        if all(w in line for w in words):
+            return seen
+    raise AssertionError(f"no line with {words} in:\n{''.join(seen)}")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """stdout, and the rest of stderr, read through the buffered pipes `_until` reads (communicate() would skip
+    what they hold already); the process is killed if it outlives `timeout`."""
+    assert proc.stdout is not None and proc.stderr is not None
+    killer = threading.Timer(timeout, proc.kill)
+    killer.start()
+    try:
+        stderr = proc.stderr.read()
+        stdout = proc.stdout.read()
+        proc.wait()
+    finally:
+        killer.cancel()
+    return stdout, stderr
+
+
+def _left(topology: Path, stdout: str) -> str:
+    """Where the bench says it left the deployment, checked against what runs."""
+    topo = load(topology)
+    running = LocalTransport().find_by_marker(topo.name)
+    [line] = [x for x in stdout.splitlines() if x.startswith("deployment:")]
+    if "restored: running as it was found" in line:
+        assert {p.process for p in running} == {"router", "prefill-0", "decode-0"}, running
+        assert probe.healthy(LocalTransport(), endpoints(topo).router_url)
+        return "as found"
+    assert f"{topo.name} is down (it was running before the bench): `pdctl up -t {topology}` starts it" in line
+    assert running == [], running
+    return "down"
+
+
+def test_ctrl_c_twice_keeps_the_report_and_says_where_the_deployment_was_left(
+    sim_topology: Path, tmp_path: Path
+) -> None:
+    up(load(sim_topology), Console(stderr=True, color_system=None), UpOptions(smoke=False))
+    out = tmp_path / "bench"
+    proc = _bench(sim_topology, out)
+    try:
+        _until(proc, "conversation", "done")
+        proc.send_signal(signal.SIGINT)
+        # twice in a row, as an impatient hand does: the second once the first was taken (two signals sent at
+        # once are merged into one by the kernel)
+        _until(proc, "interrupted: writing the report")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    records = json.loads((out / "requests.json").read_text())
+    assert records and json.loads((out / "legs.json").read_text())["interrupted"] is True
+    assert f"the report holds the {len(records)} requests that finished" in stdout
+    assert _left(sim_topology, stdout) in ("as found", "down")
+    assert "interrupt received: " in stderr  # the second Ctrl-C was heard and said
+    assert "Traceback" not in stderr, stderr
+
+
+def test_ctrl_c_during_the_restore_takes_the_deployment_down_and_says_so(sim_topology: Path, tmp_path: Path) -> None:
+    up(load(sim_topology), Console(stderr=True, color_system=None), UpOptions(smoke=False))
+    out = tmp_path / "bench"
+    proc = _bench(sim_topology, out)
+    try:
+        _until(proc, "conversation", "done")
+        proc.send_signal(signal.SIGINT)
+        before = _until(proc, "restoring", "as it was found (running)")
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = _finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    # the report was written before the restore began
+    assert any("interrupted: writing the report of the" in line for line in before), before
+    assert (out / "report.md").is_file() and json.loads((out / "requests.json").read_text())
+    assert "interrupt received: stopping the restore; taking all of" in stderr
+    assert _left(sim_topology, stdout) == "down"
     assert "Traceback" not in stderr, stderr

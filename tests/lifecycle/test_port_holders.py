@@ -55,11 +55,6 @@ def _up(topo: Topology) -> list[str]:
     return result.stderr.splitlines()
 
 
-def _hint(topo: Topology) -> str:
-    return (f"hint: free the ports (a previous deployment? `pdctl down -t {topo.file}` for {topo.name}) or change "
-            "them in the topology")
-
-
 def test_a_port_held_by_another_deployment_names_its_process_and_deployment(make_topo: MakeTopo,
                                                                            listen: Listen) -> None:
     topo = make_topo()
@@ -70,7 +65,9 @@ def test_a_port_held_by_another_deployment_names_its_process_and_deployment(make
         f"  local: port {port} needed by decode-0 is in use by pid {holder.pid} ({_comm(holder.pid)}) of pdctl "
         "deployment `h33-other`: `pdctl status -t <its topology file>` shows it, `pdctl down -t <its topology "
         "file>` stops it",
-        _hint(topo),
+        # the fix names the deployment that holds it, not this one
+        f"hint: stop deployment `h33-other` (`pdctl down -t <its topology file>`) or give decode-0 another port "
+        f"in {topo.file}",
     ]
 
 
@@ -83,7 +80,7 @@ def test_a_port_held_by_this_deployment_says_so(make_topo: MakeTopo, listen: Lis
         f"  local: port {port} needed by router is in use by pid {holder.pid} ({_comm(holder.pid)}), a process of "
         f"this deployment ({topo.name}): `pdctl status -t {topo.file}` shows it, `pdctl down -t {topo.file}` "
         "stops it",
-        _hint(topo),
+        f"hint: `pdctl down -t {topo.file}` stops what is left of {topo.name}, then `pdctl up` starts it afresh",
     ]
 
 
@@ -91,8 +88,10 @@ def test_a_plain_listener_is_named_by_pid_and_command(make_topo: MakeTopo, liste
     topo = make_topo()
     port = topo.prefill[0].port
     holder = listen(port, None)
-    assert _up(topo)[1] == (
-        f"  local: port {port} needed by prefill-0 is in use by pid {holder.pid} ({_comm(holder.pid)})")
+    assert _up(topo)[1:] == [
+        f"  local: port {port} needed by prefill-0 is in use by pid {holder.pid} ({_comm(holder.pid)})",
+        f"hint: stop pid {holder.pid} on local or give prefill-0 another port in {topo.file}",
+    ]
 
 
 def test_a_holder_pdctl_cannot_see_or_no_ss(make_topo: MakeTopo) -> None:

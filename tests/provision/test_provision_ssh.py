@@ -8,8 +8,11 @@ system site-packages, so pdctl's dependencies come from this interpreter's and e
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -210,3 +213,55 @@ def test_vllm_host_facts_over_ssh_equal_the_local_ones(lab: SshLab, ssh: SshOpti
     assert by_name["efa.EfaModule"] == _golden("efa.EfaModule", "current")
     assert by_name["efa.InstallerVersion"] == _golden("efa.InstallerVersion", "installed-1.47.0")
     assert by_name["host.Sudo"] == _golden("host.Sudo", "root")
+
+
+def test_ctrl_c_during_provisioning_is_said_at_once_and_stops_after_the_running_step(
+    lab: SshLab, tmp_path: Path
+) -> None:
+    """`pdctl up` over SSH, a real SIGINT while the hosts are being provisioned: the interruption is said at once
+    with the step each host is finishing, each host stops after that step, nothing is started, exit 130."""
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "pdctl-probe", "1.0", {"pdctl_probe/__init__.py": b"VALUE = 42\n"})
+    topo = _sim_topology(lab, tmp_path, wheelhouse)
+    path = tmp_path / "topology.yaml"
+    path.write_text(json.dumps(topo.model_dump(mode="json", exclude_unset=True)))  # JSON is YAML
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps({"*": {"path": list(PYTHON_LAYOUT.path), "env": dict(topo.env.all)}}))
+    env = {**os.environ, "PDCTL_HOME": str(tmp_path / "home"), "PDCTL_HOST_LAYOUT": str(layout), "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdctl", "up", "-t", str(path), "--ssh-config", str(lab.ssh_config()),
+         "--known-hosts", str(lab.known_hosts())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    killer = threading.Timer(300, proc.kill)  # the output is read to its end below: a hung `up` must end too
+    killer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if " python.venv: " in line:  # a host began changing
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()  # through the same buffer as the lines above (communicate() would skip it)
+        proc.wait()
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+        down(topo, _console(), ssh=SshOptions(ssh_config=lab.ssh_config(), known_hosts=lab.known_hosts()), timeout=5)
+    lines += rest.splitlines()
+    text = "\n".join(lines)
+    assert proc.returncode == 130, text
+    [said] = [i for i, x in enumerate(lines) if x.startswith("interrupt received: finishing ")]
+    assert " python.venv: " in lines[said], lines[said]  # names the step it finishes
+    assert lines[said].endswith("then provisioning stops: nothing more is installed and nothing is started")
+    for node in ("h1", "h2"):
+        # said before the host's stop line; after it, at most the step that was already under way
+        [stop] = [i for i, x in enumerate(lines) if x.startswith(f"{node}: stopped (Ctrl-C) after ")]
+        assert said < stop, text
+        assert len([x for x in lines[said:] if x.startswith(f"  {node} ")]) <= 1, text
+    assert f"interrupted: provisioning stopped, {topo.name} was not started" in text
+    assert not any(x.startswith("started ") for x in lines), text
+    assert "Traceback" not in text
+    assert LocalTransport().find_by_marker(topo.name) == []

@@ -23,7 +23,7 @@ class LineProgress:
         self.console = console
         self.turns = turns
         self.heartbeat_s = heartbeat_s
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a Ctrl-C's note may come from a signal handler while a line prints
         self.stop = threading.Event()
         self.timer: threading.Thread | None = None
         self.leg = ""

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -93,6 +94,9 @@ def print_outcome(result: BenchResult, files: ReportFiles, console: Console) -> 
     console.print(f"plots:  {files.ttft_png}", highlight=False)
     console.print(f"        {files.prefill_png}", highlight=False)
     console.print(f"        {files.stages_png}", highlight=False)
+    if result.deployment:
+        style = "bold red" if result.restore_failed else "bold" if result.deployment_state == "down" else "green"
+        console.print(f"[{style}]deployment:[/] {escape(result.deployment)}", highlight=False)
     if result.interrupted:
         console.print(f"[bold red]bench interrupted[/] after {result.wall_s:.0f} s: the report holds the "
                       f"{len(result.records)} requests that finished", highlight=False)
@@ -106,6 +110,7 @@ def as_json(result: BenchResult, files: ReportFiles) -> dict[str, Any]:
     return {
         "passed": result.passed,
         "interrupted": result.interrupted,
+        "deployment": {"state": result.deployment_state, "said": result.deployment} if result.deployment else None,
         "topology": result.topology,
         "simulated": result.simulated,
         "wall_s": round(result.wall_s, 2),

@@ -148,10 +148,18 @@ class BenchResult:
     interrupted: bool = False  # Ctrl-C: the legs hold what finished before it
     host: dict[str, Any] = field(default_factory=dict)  # this machine: cpus, load average at the start and end
     eviction: dict[str, Any] | None = None  # the eviction profile's sizing (pdctl.bench.runner.eviction.EvictionSize)
+    # after the report: where the deployment was left ("as found", "down", "unknown") and the line saying so
+    deployment_state: str = ""
+    deployment: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.interrupted and all(leg.passed for leg in self.legs)
+        return not self.interrupted and not self.restore_failed and all(leg.passed for leg in self.legs)
+
+    @property
+    def restore_failed(self) -> bool:
+        """The deployment was left neither as found nor down on purpose (a Ctrl-C asks for down)."""
+        return self.deployment_state == "unknown" or (self.deployment_state == "down" and not self.interrupted)
 
     @property
     def records(self) -> list[RequestRecord]:

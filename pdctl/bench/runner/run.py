@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -22,13 +21,15 @@ from pdctl.bench.leg.legs import Endpoints, LegSpec, bidirectional, endpoints, l
 from pdctl.bench.results.records import BenchResult, LegResult, RequestRecord
 from pdctl.bench.runner import capacity, eviction, probe
 from pdctl.bench.runner.collect import UsageMeter
+from pdctl.bench.runner.restore import Deployer, restore
 from pdctl.bench.traffic.agent import play_sessions
 from pdctl.bench.traffic.client import ClientOptions, play
 from pdctl.bench.traffic.remote_play import play_on_node
 from pdctl.bench.traffic.workload import TEXT_APIS, Conversation, ConversationPlan, WorkloadSpec, build
 from pdctl.errors import PdctlError, UsageError
 from pdctl.lifecycle.hosts.connect import connected
-from pdctl.plan import ProcessSpec, python_for, run_dir
+from pdctl.lifecycle.hosts.interrupts import Interrupts, current
+from pdctl.plan import python_for, run_dir
 from pdctl.remote.base import Transport
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.sshconnect import SshOptions
@@ -39,15 +40,6 @@ T = TypeVar("T")
 ClientWhere = Literal["auto", "local", "router-node"]
 """Where the load player runs: auto = on the router's node when that node is remote, else here."""
 Hosts = Mapping[str, Transport]
-
-
-class Deployer(Protocol):
-    """What the bench needs from the lifecycle: start a whole deployment from scratch, and stop it."""
-
-    def redeploy(self, topo: Topology) -> list[ProcessSpec]:
-        """Start `topo` from scratch; the plan it started (the leg's endpoints come from it)."""
-
-    def down(self, topo: Topology) -> None: ...
 
 
 class Progress(Protocol):
@@ -74,7 +66,11 @@ class BenchOptions:
     capacity: capacity.CapacityOptions | None = None
 
 
-def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress) -> BenchResult:
+def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress,
+              save: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Every leg, then `save(result)` (the report), then the deployment put back as found: a Ctrl-C stops the
+    legs and keeps what finished; one more, or one during the restore, takes the deployment down instead, and
+    `result.deployment` says which state it was left in."""
     base = leg_topology(opts.topology, opts.base_overrides, LegSpec("base", ()))
     if base.slurm is not None:
         if not opts.no_redeploy:
@@ -97,12 +93,14 @@ def run_bench(opts: BenchOptions, deployer: Deployer | None, progress: Progress)
     # Every leg's topology and the corpus are checked before anything is stopped or started.
     topos = [base if opts.no_redeploy else leg_topology(opts.topology, opts.base_overrides, s) for s in legs]
     build(dataclasses.replace(opts.workload, lengths=(16,), conversations=1, turns=1))
-    with connected(base.nodes, opts.ssh) as hosts:
-        return _run(opts, deployer, progress, base, legs, topos, hosts, result, start)
+    ctrl_c = Interrupts(progress.note, "the bench's bookkeeping")
+    with connected(base.nodes, opts.ssh) as hosts, ctrl_c.installed():
+        return _run(opts, deployer, progress, base, legs, topos, hosts, result, start, save, ctrl_c)
 
 
 def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base: Topology, legs: list[LegSpec],
-         topos: list[Topology], hosts: Hosts, result: BenchResult, start: float) -> BenchResult:
+         topos: list[Topology], hosts: Hosts, result: BenchResult, start: float,
+         save: Callable[[BenchResult], None] | None, ctrl_c: Interrupts) -> BenchResult:
     base_ep = endpoints(base)
     was_running = probe.healthy(hosts[base_ep.router_node], base_ep.router_url)
     if opts.no_redeploy and not was_running:
@@ -114,42 +112,58 @@ def _run(opts: BenchOptions, deployer: Deployer | None, progress: Progress, base
     kept = _Kept(progress)
     progress = kept
     current: tuple[LegSpec, Topology] | None = None
-    try:
-        for spec, topo in zip(legs, topos, strict=True):
-            current, kept.records = (spec, topo), []
-            try:
-                ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
-            except PdctlError as exc:
-                # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
-                progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
-                failed = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim")
-                lines = [x.strip() for x in exc.message.splitlines() if x.strip()]
-                failed.failures.append(f"could not deploy: {' … '.join(dict.fromkeys([lines[0], lines[-1]]))}")
-                result.legs.append(failed)
-                continue
-            workload = _calibrated(workload, ep, hosts)
-            result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
-            result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts, result))
-            current = None
-    except KeyboardInterrupt:  # keep what finished: the report is written from it
-        result.interrupted = True
-        if current is not None and kept.records:
-            spec, topo = current
-            cut = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim",
-                            records=list(kept.records), mode=topo.mode)
-            cut.failures.append(f"interrupted (Ctrl-C) after {len(cut.records)} requests")
-            result.legs.append(cut)
-        progress.note("interrupted: writing the report of the requests that finished")
-    finally:
-        if deployer is not None and not opts.no_redeploy:
-            progress.note(f"restoring {base.name} as it was found ({'running' if was_running else 'stopped'})")
-            if was_running:
-                deployer.redeploy(base)
-            else:
-                deployer.down(base)
+    redeploys = deployer is not None and not opts.no_redeploy
+    then = f"stopping the bench and writing the report of the requests that finished{_down_instead(base, redeploys)}"
+    with ctrl_c.stops(then=then):
+        try:
+            for spec, topo in zip(legs, topos, strict=True):
+                current, kept.records = (spec, topo), []
+                try:
+                    ep = _deploy(spec, topo, base_ep, hosts, deployer if not opts.no_redeploy else None, progress)
+                except PdctlError as exc:
+                    # One leg that cannot deploy (a setting the engine refuses) fails itself, not the other legs.
+                    progress.note(f"leg {spec.name}: could not deploy: {exc.message}")
+                    failed = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim")
+                    lines = [x.strip() for x in exc.message.splitlines() if x.strip()]
+                    failed.failures.append(f"could not deploy: {' … '.join(dict.fromkeys([lines[0], lines[-1]]))}")
+                    result.legs.append(failed)
+                    continue
+                workload = _calibrated(workload, ep, hosts)
+                result.workload = {**_describe(workload, opts), "client": client_where(opts, topo, hosts)}
+                result.legs.append(run_leg(spec, topo, ep, workload, opts, progress, hosts, result))
+                current = None
+        except KeyboardInterrupt:  # keep what finished: the report is written from it, before anything else
+            result.interrupted = True
+            if current is not None and kept.records:
+                spec, topo = current
+                cut = LegResult(spec.name, list(spec.overrides), bidirectional(topo), topo.engine == "sim",
+                                records=list(kept.records), mode=topo.mode)
+                cut.failures.append(f"interrupted (Ctrl-C) after {len(cut.records)} requests")
+                result.legs.append(cut)
+            progress.note(f"interrupted: writing the report of the {len(result.records)} requests that finished"
+                          f"{_restoring(base, redeploys)}; Ctrl-C again takes {base.name} down instead")
     result.wall_s = time.monotonic() - start
     result.host["load_average_end"] = _load()
+    if save is not None:
+        with ctrl_c.finishing(f"writing the report{_down_instead(base, redeploys)}"):
+            save(result)
+    if redeploys:
+        assert deployer is not None
+        # a Ctrl-C beyond the one that stopped the legs asks to stop now: down, not a redeploy
+        done = restore(base, opts.topology, was_running, deployer, ctrl_c, progress.note,
+                       stop_now=ctrl_c.count > int(result.interrupted))
+        result.deployment, result.deployment_state = done.line, done.state
+    result.interrupted = result.interrupted or ctrl_c.count > 0  # a Ctrl-C after the legs still ends it as one
     return result
+
+
+def _restoring(base: Topology, redeploys: bool) -> str:
+    return f", then {base.name} is put back as it was found" if redeploys else ""
+
+
+def _down_instead(base: Topology, redeploys: bool) -> str:
+    """What a Ctrl-C more than the first makes of the restore."""
+    return f"; then {base.name} is taken down, not put back" if redeploys else ""
 
 
 def _load() -> list[float]:
@@ -339,21 +353,39 @@ def _player(opts: BenchOptions, topo: Topology, hosts: Hosts) -> Player:
 
 
 def _run_interruptible(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """`asyncio.run(main())` where Ctrl-C cancels the main task (asyncio's own handling: the player's tasks and
-    connections close as cancelled) instead of raising KeyboardInterrupt inside whichever task runs, which left
-    unretrieved task exceptions and unfinished generators for asyncio to print with tracebacks."""
-    if threading.current_thread() is not threading.main_thread():
-        return asyncio.run(main())
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # asyncio.Runner installs its own only over this one
-    try:
-        return asyncio.run(main())
-    except KeyboardInterrupt:
-        if callable(previous) and previous is not signal.default_int_handler:
-            previous(signal.SIGINT, None)  # the CLI's handler records the interruption, and raises
-        raise
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    """`asyncio.run(main())` where Ctrl-C cancels the main task (the player's tasks and connections close as
+    cancelled) and then raises KeyboardInterrupt, instead of raising it inside whichever task runs, which left
+    unretrieved task exceptions and unfinished generators for asyncio to print with tracebacks. Under the bench's
+    `Interrupts` the Ctrl-Cs after the first are said and held while the tasks wind down."""
+    ctrl_c = current()
+    if ctrl_c is None:
+        return asyncio.run(main())  # asyncio's own Ctrl-C: the first cancels the main task
+    cancelled = threading.Event()
+    with asyncio.Runner() as runner:
+        loop = runner.get_loop()
+        task: list[asyncio.Task[T]] = []
+
+        async def run() -> T:
+            task.append(asyncio.current_task())  # type: ignore[arg-type]
+            if cancelled.is_set():  # the Ctrl-C came before this task did
+                raise asyncio.CancelledError
+            return await main()
+
+        def cancel() -> None:
+            cancelled.set()
+            if task:
+                loop.call_soon_threadsafe(task[0].cancel)
+
+        try:
+            with ctrl_c.stops(then="stopping the traffic", cancel=cancel):
+                done = runner.run(run())
+        except asyncio.CancelledError:
+            if cancelled.is_set():
+                raise KeyboardInterrupt from None
+            raise
+    if cancelled.is_set():  # the Ctrl-C came as the traffic ended: it still stops the bench
+        raise KeyboardInterrupt
+    return done
 
 
 def _warm_up(name: str, plan: ConversationPlan, client: ClientOptions, progress: Progress, leg: LegResult,

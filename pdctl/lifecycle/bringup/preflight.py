@@ -34,37 +34,62 @@ def preflight(
 
     found = parallel(nodes, probe)
     busy = {s.name: [p for p in s.ports if p in found[s.node][0]] for s in to_start}
-    who = _holders(topo, to_start, busy, hosts, layouts)
+    held = _holders(to_start, busy, hosts, layouts)
     problems: list[str] = []
+    hints: list[str] = []  # one per kind of problem, in the order met
     for spec in to_start:
         _, gpus = found[spec.node]
-        problems += [f"{spec.node}: port {p} needed by {spec.name} is in use {who[spec.node, p]}"
-                     for p in busy[spec.name]]
+        for p in busy[spec.name]:
+            problems.append(f"{spec.node}: port {p} needed by {spec.name} is in use "
+                            f"{holder_words(topo, spec.node, p, held[spec.node, p])}")
+            hints.append(port_hint(topo, spec, p, held[spec.node, p]))
         if gpus is not None and spec.gpus:
             have = {g.index for g in gpus.gpus}
             missing = sorted(set(spec.gpus) - have)
             if missing:
                 why = f" ({gpus.error})" if gpus.error else f" (the node has {sorted(have) or 'none'})"
                 problems.append(f"{spec.node}: GPU {', '.join(map(str, missing))} for {spec.name} not found{why}")
+                hints.append(gpu_hint(spec, gpus))
     if problems:
-        raise LaunchError(
-            "preflight failed:\n  " + "\n  ".join(problems),
-            hint=f"free the ports (a previous deployment? `pdctl down -t {topo.file}` for {topo.name}) "
-            "or change them in the topology",
-        )
+        raise LaunchError("preflight failed:\n  " + "\n  ".join(problems), hint="; ".join(dict.fromkeys(hints)))
+
+
+def port_hint(topo: Topology, spec: ProcessSpec, port: int, holders: list[PortHolder] | None) -> str:
+    """The fix for a busy port, by who holds it: this deployment (`down` this one), another pdctl deployment
+    (`down` that one), or any other process (stop it, or move the port)."""
+    named = {h.pid: h for h in holders or [] if h.port == port and h.pid is not None}.values()
+    owners = sorted({h.deployment for h in named if h.deployment})
+    move = f"or give {spec.name} another port in {topo.file}"
+    if topo.name in owners:
+        return f"`pdctl down -t {topo.file}` stops what is left of {topo.name}, then `pdctl up` starts it afresh"
+    if owners:
+        them = ", ".join(f"`{o}`" for o in owners)
+        return f"stop deployment {them} (`pdctl down -t <its topology file>`) {move}"
+    pids = ", ".join(str(h.pid) for h in named)
+    return f"stop {f'pid {pids}' if pids else 'what listens on it'} on {spec.node} {move}"
+
+
+def gpu_hint(spec: ProcessSpec, gpus: Gpus) -> str:
+    """The fix for a GPU `up` cannot find: the driver, when nvidia-smi fails; else the topology's indices."""
+    if gpus.error:
+        return f"`nvidia-smi` fails on {spec.node}: install or repair the NVIDIA driver there, then `pdctl doctor`"
+    if not gpus.gpus:
+        return f"{spec.node} shows no GPU (`nvidia-smi -L` there): place {spec.name} on a node with GPUs"
+    return (f"set the gpus of {spec.name} to indices {spec.node} has "
+            f"({', '.join(str(g.index) for g in gpus.gpus)}; `nvidia-smi -L` there lists them)")
 
 
 def _holders(
-    topo: Topology, specs: Sequence[ProcessSpec], busy: Mapping[str, list[int]], hosts: Mapping[str, Transport],
+    specs: Sequence[ProcessSpec], busy: Mapping[str, list[int]], hosts: Mapping[str, Transport],
     layouts: Mapping[str, HostLayout],
-) -> dict[tuple[str, int], str]:
-    """(node, busy port) -> who holds it, in words, read with `ss` over the node's transport."""
+) -> dict[tuple[str, int], list[PortHolder] | None]:
+    """(node, busy port) -> who holds it, read with `ss` over the node's transport (None: `ss` is missing)."""
     ports: dict[str, set[int]] = {}
     for spec in specs:
         ports.setdefault(spec.node, set()).update(busy[spec.name])
     wanted = {n: tuple(sorted(p)) for n, p in ports.items() if p}
     seen = parallel(list(wanted), lambda n: read(hosts[n], PortHolders(wanted[n]), layout_for(layouts, n)))
-    return {(n, p): holder_words(topo, n, p, seen[n]) for n, ps in wanted.items() for p in ps}
+    return {(n, p): seen[n] for n, ps in wanted.items() for p in ps}
 
 
 def holder_words(topo: Topology, node: str, port: int, holders: list[PortHolder] | None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from pdctl.facts.base import Fact, HostLayout, gather, layout_for, layouts_from_
 from pdctl.facts.efa import EfaModule, FiInfo, InstallerVersion
 from pdctl.facts.host import Sudo
 from pdctl.facts.python import FileHashes, VllmCompat
+from pdctl.lifecycle.hosts.interrupts import Interrupts
 from pdctl.operations import efa, model, python, ship, vllm
 from pdctl.operations.base import Context, Facts, Noop, Operation
 from pdctl.operations.dry import Preview, dry_run
@@ -125,6 +127,33 @@ def facts_for(ctx: Context) -> list[Fact[Any]]:
     return facts
 
 
+@dataclass
+class Stopping:
+    """Ctrl-C during provisioning: said at once with the step each host is running; each host finishes that step
+    (a remote command is not cut halfway), then stops before its next one."""
+
+    ctrl_c: Interrupts
+    running: dict[str, str] = field(default_factory=dict)  # node -> the step it runs now
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finishing(self) -> str:
+        with self.lock:
+            now = ", ".join(f"{node} {step}" for node, step in sorted(self.running.items()))
+        return (f"{now or 'reading the hosts'}; then provisioning stops: nothing more is installed and "
+                "nothing is started")
+
+    def before(self, node: str, step: str) -> None:
+        """Raises KeyboardInterrupt in a host's thread once Ctrl-C came: the step is not begun."""
+        if self.ctrl_c.count:
+            raise KeyboardInterrupt
+        with self.lock:
+            self.running[node] = step
+
+    def after(self, node: str) -> None:
+        with self.lock:
+            self.running.pop(node, None)
+
+
 def run_operation(
     op_name: str,
     operation: Callable[[Context], Operation],
@@ -132,6 +161,7 @@ def run_operation(
     transport: Transport,
     console: Console,
     runner: StepRunner,
+    stopping: Stopping | None = None,
 ) -> OpResult:
     """Drive one operation on one host: execute each step it yields and send back the result."""
     result = OpResult(op_name)
@@ -146,9 +176,15 @@ def run_operation(
             result.noop = step.reason
             sent = None
             continue
+        if stopping is not None:
+            stopping.before(ctx.node.name, f"{op_name}: {step.describe}")
         console.print(f"  {escape(ctx.node.name)} {op_name}: [yellow]{escape(step.describe)}[/]", highlight=False)
         result.changes.append(step.describe)
-        sent = runner.execute(step, transport, ctx)
+        try:
+            sent = runner.execute(step, transport, ctx)
+        finally:
+            if stopping is not None:
+                stopping.after(ctx.node.name)
     if result.changes:  # everything read before may be stale now
         ctx.facts = Facts(lambda facts: gather(transport, facts, ctx.layout))
     return result
@@ -165,25 +201,33 @@ def read_facts(ctx: Context, transport: Transport) -> PdctlError | None:
 
 
 def provision_host(
-    ctx: Context, transport: Transport, console: Console, runner: StepRunner, read_error: PdctlError | None = None
+    ctx: Context, transport: Transport, console: Console, runner: StepRunner, read_error: PdctlError | None = None,
+    stopping: Stopping | None = None,
 ) -> HostReport:
     """Run the operations on one host whose facts `read_facts` has read (`read_error`: it could not)."""
     report = HostReport(ctx.node.name)
     start = time.monotonic()
     name = escape(ctx.node.name)
+    stopped = False
     try:
         if read_error is not None:
             raise read_error
         for op_name, operation in OPERATIONS:
-            report.results.append(run_operation(op_name, operation, ctx, transport, console, runner))
+            report.results.append(run_operation(op_name, operation, ctx, transport, console, runner, stopping))
     except PdctlError as exc:
         report.error = exc
+    except KeyboardInterrupt:
+        stopped = True
     report.seconds = time.monotonic() - start
     changes = sum(len(r.changes) for r in report.results)
     status = f"{changes} change{'s' if changes != 1 else ''}" if changes else "no changes"
     if report.error:
         status = f"[red]failed[/] after {status}"
+    if stopped:
+        status = f"[red]stopped (Ctrl-C)[/] after {status}"
     console.print(f"[bold]{name}[/]: {status} in {report.seconds:.1f} s", highlight=False)
+    if stopped:
+        raise KeyboardInterrupt
     return report
 
 
@@ -219,11 +263,25 @@ def provision(
     with _shipping(ctxs, wheel):
         console.print(f"provisioning {len(ctxs)} host{'s' if len(ctxs) != 1 else ''}", highlight=False)
         by_node = {c.node.name: c for c in ctxs}
-        read = parallel(by_node, lambda n: read_facts(by_node[n], hosts[n]), max_workers=len(by_node))
-        _refuse_missing_weights([c for c in ctxs if read[c.node.name] is None])
-        with StepRunner(console) as runner:
-            reports = list(parallel(by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner, read[n]),
-                                    max_workers=len(by_node)).values())
+        ctrl_c = Interrupts(lambda text: console.print(f"[bold]{escape(text)}[/]", highlight=False))
+        stopping = Stopping(ctrl_c)
+        # a Ctrl-C is said at once; each host finishes the step it runs, then stops (KeyboardInterrupt after)
+        with ctrl_c.installed(), ctrl_c.finishing(stopping.finishing):
+            try:
+                read = parallel(by_node, lambda n: read_facts(by_node[n], hosts[n]), max_workers=len(by_node))
+                if ctrl_c.count:
+                    raise KeyboardInterrupt
+                _refuse_missing_weights([c for c in ctxs if read[c.node.name] is None])
+                with StepRunner(console) as runner:
+                    reports = list(parallel(
+                        by_node, lambda n: provision_host(by_node[n], hosts[n], console, runner, read[n], stopping),
+                        max_workers=len(by_node)).values())
+                if ctrl_c.count:
+                    raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                console.print(f"interrupted: provisioning stopped, {topo.name} was not started; "
+                              f"`pdctl up -t {topo.file}` carries on from here", highlight=False)
+                raise
     failed = [r for r in reports if r.error]
     if len(failed) == 1:
         raise failed[0].error  # type: ignore[misc]

@@ -134,6 +134,16 @@ def _merge(parts: Iterable[Samples]) -> Samples:
     return out
 
 
+def _in_pool(routers: Iterable[Samples]) -> dict[tuple[str, ...], bool]:
+    """(role, index) -> in the pool of every router that reports it: each router's health gauge on its own (a sum
+    across routers is 2.0 for an engine both hold healthy)."""
+    pool: dict[tuple[str, ...], bool] = {}
+    for samples in routers:
+        for key, value in _by(samples, "pdctl_router_upstream_healthy", "role", "index").items():
+            pool[key] = pool.get(key, True) and value == 1.0
+    return pool
+
+
 def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], before: dict[str, Samples],
          seconds: float) -> TopView:
     """The figures between two samples (process name -> its /metrics; a process missing from `now` is down)."""
@@ -180,7 +190,7 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
         d = dict(labels)
         urls[d.get("url", "")] = (d.get("role", ""), d.get("index", ""))
     outstanding = _by(r_now, "pdctl_router_upstream_outstanding", "role", "index")
-    healthy = _by(r_now, "pdctl_router_upstream_healthy", "role", "index")
+    healthy = _in_pool(now.get(s.name, {}) for s in routers)
     engines = [s for s in specs if s.role != "router"]
     e_now = {s.name: now.get(s.name, {}) for s in engines}
     e_old = {s.name: before.get(s.name, {}) for s in engines}
@@ -203,7 +213,7 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
         upstream = urls.get(s.url)
         if upstream is not None:
             inst.router_outstanding = outstanding.get(upstream, 0.0)
-            inst.router_healthy = healthy.get(upstream, 0.0) == 1.0
+            inst.router_healthy = healthy.get(upstream, False)
         v.instances.append(inst)
     return v
 
