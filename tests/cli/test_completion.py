@@ -59,6 +59,6 @@ def test_a_topology_that_does_not_load_completes_nothing(tmp_path: Path) -> None
 
 
 def test_option_choices_complete() -> None:
-    assert _complete("pdctl bench --profile ") == ["quick", "full", "agent"]
+    assert _complete("pdctl bench --profile ") == ["quick", "full", "agent", "evict"]
     assert _complete("pdctl bench --api c") == ["chat", "completions"]
     assert _complete("pdctl bench --client r") == ["router-node"]
