@@ -97,7 +97,7 @@ def _finite(result: list[dict[str, Any]]) -> bool:
 def test_observe_renders_and_a_real_prometheus_scrapes_every_panel(make_topo: MakeTopo, console: Console,
                                                                    tmp_path: Path) -> None:
     binary = _needs_prometheus()
-    topo = make_topo(router_extra=", local_prefill_tokens: 0")
+    topo = make_topo(router_extra=", local_prefill_tokens: 0, min_read_tokens: 0")
     up(topo, console, UpOptions(smoke=False))
     topo_file = tmp_path / f"{topo.name}.yaml"
     router_url = f"http://127.0.0.1:{topo.router.port}"
