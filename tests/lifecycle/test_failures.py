@@ -123,5 +123,7 @@ def test_preflight_refuses_a_busy_port_before_starting_anything(make_topo: MakeT
         with pytest.raises(LaunchError) as info:
             up(topo, console, UpOptions(provision=False))
     assert f"local: port {decode_port} needed by decode-0 is in use" in str(info.value)
-    assert "pdctl down" in info.value.hint
+    # held by a process of no deployment: stop that pid or move the port (`pdctl down` is for a deployment's own)
+    assert f"stop pid {os.getpid()} on local" in info.value.hint and "another port" in info.value.hint
+    assert "pdctl down" not in info.value.hint
     assert LocalTransport().find_by_marker(topo.name) == []

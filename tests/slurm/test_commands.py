@@ -88,7 +88,8 @@ def test_a_vllm_job_must_request_gpus(tmp_path: Path) -> None:
     res = runner.invoke(app, ["validate", "-t", str(topo), "--set", "engine=vllm", "--set", "prefill[0].gpus=[0]",
                               "--set", "decode[0].gpus=[0]"])
     assert res.exit_code == 2
-    assert f"{topo}:{_line(topo, 'slurm:')}: slurm: the job requests no GPUs, so its steps get none (set " \
+    # the file asks for no GPUs; only `--set engine=vllm` makes that a problem, so the message blames the --set
+    assert "--set engine=vllm: slurm: the job requests no GPUs, so its steps get none (set " \
         "slurm.gpus_per_node (or slurm.gres, e.g. gpu:8))" in res.stderr
     ok = runner.invoke(app, ["validate", "-t", str(topo), "--set", "engine=vllm", "--set", "prefill[0].gpus=[0]",
                              "--set", "decode[0].gpus=[0]", "--set", "slurm.gpus_per_node=8"])
