@@ -103,24 +103,31 @@ def _left(topology: Path, stdout: str) -> str:
     return "down"
 
 
-def test_ctrl_c_twice_keeps_the_report_and_says_where_the_deployment_was_left(
-    sim_topology: Path, tmp_path: Path
-) -> None:
-    up(load(sim_topology), Console(stderr=True, color_system=None), UpOptions(smoke=False))
-    out = tmp_path / "bench"
-    proc = _bench(sim_topology, out)
+def _ctrl_c_twice(topology: Path, out: Path, *second_after: str) -> tuple[int | None, list[str], str, str]:
+    """Up, a bench, Ctrl-C in its first leg, and Ctrl-C again once a stderr line holds every word of
+    `second_after`: (exit code, the stderr lines up to that one, stdout, the rest of stderr)."""
+    up(load(topology), Console(stderr=True, color_system=None), UpOptions(smoke=False))
+    proc = _bench(topology, out)
     try:
         _until(proc, "conversation", "done")
         proc.send_signal(signal.SIGINT)
-        # twice in a row, as an impatient hand does: the second once the first was taken (two signals sent at
-        # once are merged into one by the kernel)
-        _until(proc, "interrupted: writing the report")
+        before = _until(proc, *second_after)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = _finish(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr
+    return proc.returncode, before, stdout, stderr
+
+
+def test_ctrl_c_twice_keeps_the_report_and_says_where_the_deployment_was_left(
+    sim_topology: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    # twice in a row, as an impatient hand does: the second once the first was taken (two signals sent at once are
+    # merged into one by the kernel)
+    returncode, _, stdout, stderr = _ctrl_c_twice(sim_topology, out, "interrupted: writing the report")
+    assert returncode == 130, stderr
     records = json.loads((out / "requests.json").read_text())
     assert records and json.loads((out / "legs.json").read_text())["interrupted"] is True
     assert f"the report holds the {len(records)} requests that finished" in stdout
@@ -130,19 +137,9 @@ def test_ctrl_c_twice_keeps_the_report_and_says_where_the_deployment_was_left(
 
 
 def test_ctrl_c_during_the_restore_takes_the_deployment_down_and_says_so(sim_topology: Path, tmp_path: Path) -> None:
-    up(load(sim_topology), Console(stderr=True, color_system=None), UpOptions(smoke=False))
     out = tmp_path / "bench"
-    proc = _bench(sim_topology, out)
-    try:
-        _until(proc, "conversation", "done")
-        proc.send_signal(signal.SIGINT)
-        before = _until(proc, "restoring", "as it was found (running)")
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = _finish(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, stderr
+    returncode, before, stdout, stderr = _ctrl_c_twice(sim_topology, out, "restoring", "as it was found (running)")
+    assert returncode == 130, stderr
     # the report was written before the restore began
     assert any("interrupted: writing the report of the" in line for line in before), before
     assert (out / "report.md").is_file() and json.loads((out / "requests.json").read_text())
