@@ -19,7 +19,9 @@ cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
 sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
 benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone
-common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200)
+runs=${PDCTL_EVICT_RUNS:-2}          # plays per session count (1 when the device time allows no more)
+common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200
+        --runs "$runs")
 legs_a=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0"
         --leg "on:connector.bidirectional_kv_xfer=true")
@@ -65,6 +67,10 @@ case $stage in
     fi
     # shellcheck disable=SC2086  # $benches: the names, split
     run_benches "$deadline" 30 $benches
+    for name in $benches; do  # a bench still running: what it has written so far comes back too
+      [ -e "$base/bench-$name.saved" ] || [ ! -d "$base/bench-$name" ] ||
+        { cp "$base/bench-$name.log" "$base/bench-$name/bench.log"; tar -C "$base" -czf "$out/partial-$name.tgz" "bench-$name"; }
+    done
     send_saved
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
