@@ -41,6 +41,7 @@ class RequestRecord:
     reuse_reason: str | None = None
     reuse_read: int | None = None  # tokens the prefill read from the decode (X-PD-KV-Reuse read=)
     reuse_cached: int | None = None  # prompt tokens the prefill did not compute: cache hit + read (cached=)
+    kv_choice: str | None = None  # the router's X-PD-KV-Choice: the cost model's source, basis, prediction
     request_id: str | None = None
 
     @property

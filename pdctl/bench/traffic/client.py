@@ -135,6 +135,7 @@ async def send(
             rec.prefill_ms = wire.parse_ms(resp.headers.get(wire.PREFILL_MS_HEADER))
             rec.router_in_ms = wire.parse_ms(resp.headers.get(wire.ROUTER_IN_MS_HEADER))
             rec.decode_ms = wire.parse_ms(resp.headers.get(wire.DECODE_MS_HEADER))
+            rec.kv_choice = resp.headers.get(wire.KV_CHOICE_HEADER)
             reuse = wire.Reuse.parse(resp.headers.get(wire.REUSE_HEADER))
             if reuse.outcome != "absent":
                 rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason or None
