@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -22,6 +23,7 @@ from pdctl.lifecycle.hosts.slurm_job import SlurmStatus, job_status
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
+from pdctl.remote.here import listens_here
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
@@ -257,6 +259,8 @@ def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None)
     """How a person at the CLI's machine reaches the router."""
     if transport is None or isinstance(transport, LocalTransport | SlurmTransport):
         return f"router: {router.url}"
+    if listens_here(transport, urlsplit(router.url).hostname or ""):
+        return f"router: {router.url} on {router.node}, which is this machine: open {router.url} directly"
     return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
             f"`pdctl port-forward -t {topo.file} --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
 
