@@ -101,3 +101,11 @@ REASONS = frozenset({
     TOKENIZE_FAILED, PREFILL_UNCHECKED, PREFIX_SPEC_INVALID, PREFILL_FAILED, PREFILL_REDONE, N_GT_1, WHOLE_PREFILL,
     PREFILL_CACHED, READ_NOT_WORTH,
 })
+# The (outcome, reason) pairs a turn can be counted under (pdctl_router_kv_reuse_total): all of them are exported
+# at 0 from the router's start, so a dashboard's hit rate has its series before the first hit, and after a restart.
+_HIT_ONLY = frozenset({VERIFIED, UNVERIFIED, DECODE_LOCAL})
+REUSE_PAIRS: tuple[tuple[str, str], ...] = (
+    *(("hit", r) for r in (VERIFIED, UNVERIFIED, DECODE_LOCAL, PREFILL_CACHED, WHOLE_PREFILL)),
+    *(("partial", r) for r in (PREFIX_DIVERGED, PREFILL_CACHED)),
+    *(("miss", r) for r in sorted(REASONS - _HIT_ONLY - {PREFILL_CACHED})),
+)

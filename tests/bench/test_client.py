@@ -35,4 +35,10 @@ def test_every_api_is_timed_and_reuses_kv(deployment: tuple[SimPair, RouterProc]
     assert [r.output_num_tokens for r in records] == [8, 8, 8]
     assert all(r.input_num_tokens and r.input_num_tokens > 0 for r in records)
     assert [r.reuse for r in records] == ["miss", "hit", "hit"]
+    # the router's choice for each warm turn (X-PD-KV-Choice), none for the cold one
+    assert records[0].kv_choice is None and records[0].kv_choice_basis is None
+    for r in records[1:]:
+        assert r.kv_choice in ("decode_cache", "decode_read", "recomputed"), r
+        assert r.kv_choice_basis in ("model", "default")
+        assert (r.kv_choice_predicted_ms is not None) == (r.kv_choice_basis == "model")
     assert corrupt(pd.prefill, pd.decode) == 0

@@ -97,12 +97,35 @@ def test_the_eviction_profile_end_to_end_writes_capacity_json(sim_topology: Path
                                                                    for p in points]  # every run's warm turns
         assert {k: sum(p["kv_sources"].get(k, 0) for p in points) for k in leg["kv_sources"]} == leg["kv_sources"]
     assert doc["ratios"]["on/off"] == 1.0 and doc["ratios"]["on/agg"] == 1.0
+    # what the router chose for each warm turn (X-PD-KV-Choice), beside what ran: none on OFF and the aggregated
+    # engines, a D->P read or a recompute on the ON legs (local_prefill_tokens 0: never the decode alone)
+    for name in ("off", "agg"):
+        assert legs[name]["kv_choice"]["chosen"] == {"none": legs[name]["warm_turns"]}, legs[name]["kv_choice"]
+    for name in ("on-prefill", "on"):
+        chose = legs[name]["kv_choice"]
+        assert chose["warm_turns"] == legs[name]["warm_turns"] == sum(chose["chosen"].values())
+        # every warm turn kept its handle on the decode (4000 blocks): each got a choice
+        assert chose["chosen"].get("decode_read", 0) > 0 and set(chose["chosen"]) <= {"decode_read", "recomputed"}, \
+            chose
+        assert sum(chose["basis"].values()) == sum(n for s, n in chose["chosen"].items() if s != "none")
+        assert chose["by_source"]["decode_read"]["turns"] == chose["chosen"]["decode_read"]
+        for p in legs[name]["points"]:
+            assert sum(p["kv_choice"].values()) == sum(p["kv_sources"].values())
     requests = json.loads((out / "requests.json").read_text())
+    for r in requests:
+        chosen = r["kv_choice"]
+        if r["turn"] == 0 or r["leg"] in ("off", "agg"):
+            assert chosen is None and r["kv_choice_predicted_ms"] is None, r
+        else:
+            assert chosen in ("decode_read", "recomputed") and r["kv_choice_basis"] in ("model", "default"), r
+            assert (r["kv_choice_predicted_ms"] is not None) == (r["kv_choice_basis"] == "model"), r
+    assert any(r["kv_choice"] == "decode_read" and r["ttft_ms"] for r in requests if r["leg"] == "on-prefill")
     ids = {r["conversation_id"] for r in requests if r["leg"] == "on"}
     assert any("-r1-" in i for i in ids) and any("-r1-" not in i for i in ids)  # each run's own sessions
     report = (out / "report.md").read_text()
     assert "Eviction profile: prefill KV 640 tokens" in report and "`capacity.json`" in report
     assert "| on-prefill | 1P1D | ON" in report and "| runs |" in report
+    assert "| KV sources (what ran) | router chose |" in report and "## KV source the router chose" in report
     # the deployment is down again after the bench
     for leg in ("off", "agg"):
         topo = load(sim_topology, list(eviction.legs(load(sim_topology))[0 if leg == "off" else 3].overrides))

@@ -29,9 +29,14 @@ def test_status_fits_80_columns_then_says_not_running_after_down(make_topo: Make
     assert words[1] == ["process", "node", "pid", "health", "uptime"]
     assert [(w[0], w[1], w[3]) for w in words[2:5]] == [
         ("decode-0", "local", "ok"), ("prefill-0", "local", "ok"), ("router", "local", "ok")]  # no cell folded
-    assert words[5] == ["engine", "run/wait", "KV", "NIXL", "xfers", "failed", "expired"]
+    # the simulator says how many blocks it keeps for a peer (vLLM does not: no such column)
+    assert words[5] == ["engine", "run/wait", "KV", "retained", "NIXL", "xfers", "failed", "expired"]
     assert [w[0] for w in words[6:8]] == ["decode-0", "prefill-0"]
-    assert words[6][3] == "1"  # the smoke test's transfer
+    assert words[6][5] == "1"  # the smoke test's transfer
+    # the smoke test's conversation is pinned on the decode: the router's retained KV against the decode's
+    assert words[8][:4] == ["retained", "KV", "(kept", "on"]
+    assert words[9] == ["decode", "KV", "used", "retained", "of", "its", "KV", "handles", "queued"]
+    assert words[10][0] == "decode-0" and words[10][5:] == ["1", "0"], words[10]  # one handle, no release queued
 
     down(topo, console)
     after = runner.invoke(app, ["status", "-t", str(file)])

@@ -15,6 +15,7 @@ from pdctl.router.turn.cost import (
     ITL_HEADROOM,
     NEVER_READ,
     SAFE_LOCAL_TOKENS,
+    Choice,
     Speeds,
     Turn,
     break_even,
@@ -273,3 +274,41 @@ def test_the_choice_header_reads_back_as_written() -> None:
     assert said.predicted_ms == round(c.ttft_ms or 0, 1)
     assert KvChoice.parse("decode_cache;basis=default") == KvChoice(DECODE_CACHE, "default")
     assert KvChoice.parse(None) is None and KvChoice.parse("basis=model") is None
+
+
+def test_every_choice_series_is_exported_at_zero_and_a_model_choice_adds_its_predicted_and_measured_ttft() -> None:
+    """/metrics per chosen source: a counter by basis, TTFT predicted and measured (model-chosen turns, whose
+    prediction it is measured against), the |error|; each series there at 0 before the first warm turn."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    made = choices.Choices(registry, Rates(), SLO)
+
+    def value(line_start: str) -> float:
+        text = generate_latest(registry).decode()
+        found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+        assert found, (line_start, text)
+        return sum(found)
+
+    for source in choices.CHOSEN:
+        for basis in ("model", "default"):
+            assert value(f'pdctl_router_kv_choice_total{{basis="{basis}",source="{source}"}}') == 0
+        for kind in ("predicted", "measured"):
+            assert value(f'pdctl_router_kv_choice_ttft_seconds_count{{kind="{kind}",source="{source}"}}') == 0
+    assert value("pdctl_router_kv_choice_error_seconds_count") == 0
+    assert value('pdctl_router_kv_choice_local_refused_total{why="itl"}') == 0
+
+    c = choose(turn(8000, 2000, streams=12), FAST, FLOOR, SLO, CAP)  # a read: the decode alone breaks the budget
+    assert c.ttft_ms is not None and c.basis == "model"
+    made.made(c, 0.5)
+    made.made(Choice(DECODE_CACHE, None, 0.0, "default", FLOOR), 0.02)  # nothing predicted to compare
+    read = f'source="{DECODE_READ}"'
+    assert value(f'pdctl_router_kv_choice_total{{basis="model",{read}}}') == 1
+    assert value(f'pdctl_router_kv_choice_ttft_seconds_sum{{kind="predicted",{read}}}') == pytest.approx(
+        c.ttft_ms / 1000)
+    assert value(f'pdctl_router_kv_choice_ttft_seconds_sum{{kind="measured",{read}}}') == pytest.approx(0.5)
+    assert value("pdctl_router_kv_choice_error_seconds_sum") == pytest.approx(abs(0.5 - c.ttft_ms / 1000))
+    assert value('pdctl_router_kv_choice_total{basis="default",source="decode_cache"}') == 1
+    assert value('pdctl_router_kv_choice_ttft_seconds_count{kind="measured",source="decode_cache"}') == 0
+    assert value('pdctl_router_kv_choice_local_refused_total{why="itl"}') == 1
+    assert made.stats().measured_turns == 1

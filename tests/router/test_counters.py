@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from pdctl.router.wire import Reuse
+from pdctl.router.wire import KV_SOURCES, REUSE_PAIRS, Reuse
 from tests.router.conftest import SPEED, RouterProc, corrupt, router_process
 from tests.support.sim_procs import sim_pair
 
@@ -98,3 +98,24 @@ def test_a_replayed_conversation_is_a_new_one_and_stats_have_a_recent_window(tmp
         assert (stats["recent_eligible_turns"], stats["recent_reused_turns"], stats["recent_hit_rate"]) == (2, 2, 1.0)
         assert stats["releases"].get("restarted") == 1  # the first run's last handle, released on the replay
         assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_reuse_series_are_exported_at_zero_before_the_first_turn(tmp_path: Path) -> None:
+    """A fresh (or restarted) router exports every outcome and reason at 0: a dashboard's hit rate has a hit series
+    while there have been only misses, and a rate sees the first hit as 0 -> 1."""
+    with (
+        sim_pair(tmp_path, speed=SPEED) as pd,
+        router_process(tmp_path, [pd.prefill_url], [pd.decode_url]) as router,
+    ):
+        text = httpx.get(f"{router.url}/metrics", timeout=10).text
+        reuse = re.findall(r'^pdctl_router_kv_reuse_total\{outcome="(\w+)",reason="(\w+)"\} 0\.0$', text, re.M)
+        assert set(reuse) == set(REUSE_PAIRS)
+        assert {("hit", "verified"), ("partial", "prefix_diverged"), ("miss", "new_conversation"),
+                ("hit", "decode_local"), ("miss", "released")} <= set(reuse)
+        for source in KV_SOURCES:
+            assert f'pdctl_router_turn_kv_source_total{{source="{source}"}} 0.0' in text
+
+        _conversation(router, uuid.uuid4().hex, 1)  # a first turn: a miss, and still a hit series at 0
+        assert _metric(router, "pdctl_router_kv_reuse_total", 'outcome="miss",reason="new_conversation"') == 1
+        after = httpx.get(f"{router.url}/metrics", timeout=10).text
+        assert 'pdctl_router_kv_reuse_total{outcome="hit",reason="verified"} 0.0' in after

@@ -1,6 +1,8 @@
 """`capacity.json`: what a capacity run (`--sweep`/`--slo`, the agent and eviction profiles) measured, per leg: the
-largest number of sessions within the SLO, the leg's path and KV-source mix over its warm turns (from the router's
-per-turn `X-PD-KV-Reuse`), every point with its runs; the ratios of the legs to the first (the baseline) and to the
+largest number of sessions within the SLO, the leg's path and KV-source mix over its warm turns (what ran: the
+router's per-turn `X-PD-KV-Reuse`), the mix of sources the router chose for them (`kv_choice`: its per-turn
+`X-PD-KV-Choice`, with predicted against measured TTFT per source, pdctl.bench.results.choices), every point with
+its runs and both mixes; the ratios of the legs to the first (the baseline) and to the
 aggregated leg; the machine's load average, and warnings where the numbers cannot be trusted.
 
 A warning is written when this machine's 1-minute load average reached `LOAD_HIGH` of its cores at the start, the
@@ -16,6 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from pdctl.bench.results import choices
 from pdctl.bench.results.paths import leg_path
 from pdctl.bench.results.records import BenchResult, LegResult
 from pdctl.bench.runner.capacity import TOLERANCE, Point, Slo, largest_within
@@ -24,6 +27,11 @@ CAPACITY_JSON = "capacity.json"
 LOAD_HIGH = 0.75  # of the machine's cores
 CPU_NEAR_ONE = 0.8  # of one core, per engine process
 UNREPORTED = "unreported"  # a warm turn without the router's header (an aggregated engine alone)
+
+
+def _of_point(leg: LegResult, sessions: int) -> dict[str, int]:
+    """Warm turns per source the router chose, of that point only."""
+    return choices.leg_choices([r for r in leg.records if r.length == sessions]).chosen
 
 
 def kv_sources(leg: LegResult, sessions: int | None = None) -> dict[str, int]:
@@ -47,7 +55,9 @@ def document(result: BenchResult, points: Sequence[Point], slo: Slo) -> dict[str
             "leg": leg.name, "shape": leg.shape, "mode": leg.mode, "bidirectional": leg.bidirectional,
             "overrides": leg.overrides, "path": path.path, "label": path.label,
             "sessions_within_slo": best[leg.name], "warm_turns": path.warm_turns, "kv_sources": kv_sources(leg),
-            "points": [p.to_json() | {"kv_sources": kv_sources(leg, p.sessions)} for p in mine],
+            "kv_choice": choices.of_leg(leg).to_json(),
+            "points": [p.to_json() | {"kv_sources": kv_sources(leg, p.sessions),
+                                      "kv_choice": _of_point(leg, p.sessions)} for p in mine],
         })
     return {
         "topology": result.topology,

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from pdctl.bench.output.plots import axis, label
 from pdctl.bench.output.report import ReportFiles
+from pdctl.bench.results import choices
 from pdctl.bench.results.paths import leg_path
 from pdctl.bench.results.records import BenchResult, RequestRecord
 from pdctl.bench.results.stats import ratios, reuse_counts, summarize, warm_mean
@@ -84,6 +85,10 @@ def print_outcome(result: BenchResult, files: ReportFiles, console: Console) -> 
         gib = "GiB not metered" if math.isnan(p.gib_per_turn) else f"{p.gib_per_turn:.3f} GiB"
         console.print(f"leg {p.label}; {p.transfers_per_turn:.2f} D->P transfers and {gib} per warm turn",
                       highlight=False)
+        chose = choices.of_leg(leg)
+        if chose.reported:
+            console.print(f"leg {leg.name}: the router chose {chose.mix} (X-PD-KV-Choice; what ran is the path above)",
+                          highlight=False)
         if p.flag:
             console.print(f"[bold yellow]flag:[/] {p.flag}", highlight=False)
         if leg.passed:
@@ -118,7 +123,8 @@ def as_json(result: BenchResult, files: ReportFiles) -> dict[str, Any]:
         "files": {k: str(v) for k, v in vars(files).items() if k != "out"},
         "workload": result.workload,
         "legs": [
-            {**leg.to_json(), "hit_rate": _nan_none(reuse_counts(leg.records).rate)} for leg in result.legs
+            {**leg.to_json(), "hit_rate": _nan_none(reuse_counts(leg.records).rate),
+             "kv_choice": choices.of_leg(leg).to_json()} for leg in result.legs
         ],
         "summary": [r.csv_row() for r in rows],
         "ratios": {

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pdctl.bench.output import capacity_file, plots
-from pdctl.bench.results import stages
+from pdctl.bench.results import choices, stages
 from pdctl.bench.results.paths import leg_path
 from pdctl.bench.results.paths import paths as leg_paths
 from pdctl.bench.results.records import BenchResult, LegResult
@@ -60,7 +60,7 @@ def write(result: BenchResult, out: Path) -> ReportFiles:
         "workload": result.workload,
         "host": result.host,
         **({"eviction": result.eviction} if result.eviction is not None else {}),
-        "legs": [leg.to_json() for leg in result.legs],
+        "legs": [leg.to_json() | {"kv_choice": choices.of_leg(leg).to_json()} for leg in result.legs],
     }
     files.legs.write_text(json.dumps(meta, indent=1, default=str) + "\n")
     _write_csv(rows, files.summary)
@@ -107,13 +107,16 @@ def _with_capacity(text: str, points: list[capacity.Point], slo: capacity.Slo, r
 
 def _capacity_notes(doc: dict[str, Any]) -> list[str]:
     """Each leg's path and KV-source mix, the ratios, the eviction sizing, the machine's load and the warnings."""
-    lines = ["Legs by where their warm turns' KV came from (router `X-PD-KV-Reuse`, every point and run):", "",
-             "| leg | shape | path measured | warm turns | KV sources | sessions within SLO |",
-             "|---|---|---|---|---|---|"]
+    lines = ["Legs by where their warm turns' KV came from (what ran: router `X-PD-KV-Reuse`) and by the source the "
+             "router chose for them (`X-PD-KV-Choice`; none: it sent no choice), every point and run:", "",
+             "| leg | shape | path measured | warm turns | KV sources (what ran) | router chose "
+             "| sessions within SLO |",
+             "|---|---|---|---|---|---|---|"]
     for leg in doc["legs"]:
         mix = ", ".join(f"{k} {v}" for k, v in leg["kv_sources"].items()) or "-"
+        chose = ", ".join(f"{k} {v}" for k, v in leg["kv_choice"]["chosen"].items()) or "-"
         lines.append(f"| {leg['leg']} | {leg['shape'] or '-'} | {leg['path']} | {leg['warm_turns']} | {mix} | "
-                     f"{leg['sessions_within_slo']} |")
+                     f"{chose} | {leg['sessions_within_slo']} |")
     shown = ", ".join(f"{k} {'-' if v is None else f'{v:.2f}x'}" for k, v in doc["ratios"].items())
     if shown:
         lines += ["", f"Sessions within the SLO, ratios: {shown}."]
@@ -189,6 +192,7 @@ def markdown(result: BenchResult, rows: list[SummaryRow], splits: list[plots.Pre
         cells = [_fmt(_mean(rows, leg, n, "ttft_ms", "first")) for leg in names]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += _reuse_section(result.legs)
+    lines += _choice_section(result.legs)
     lines += _prefill_section(splits, names, lengths, result.legs, x)
     lines += _after_prefill_section(result.legs, names, lengths, x)
     lines += stages.markdown(stage_rows if stage_rows is not None else stages.stage_rows(result.legs), x)
@@ -225,6 +229,39 @@ def _reuse_section(legs: list[LegResult]) -> list[str]:
             f"{kv.source} |"
         )
     return lines
+
+
+def _choice_section(legs: list[LegResult]) -> list[str]:
+    """What the router chose for each warm turn against what the turn did, and predicted against measured TTFT."""
+    lines = ["", "## KV source the router chose (router `X-PD-KV-Choice`, turns 2+) against what ran", ""]
+    by_leg = {leg.name: choices.of_leg(leg) for leg in legs}
+    if not any(c.reported for c in by_leg.values()):
+        return [*lines, "No leg's router sent a choice (`X-PD-KV-Choice`): OFF and aggregated legs, or a router "
+                "without the cost model."]
+    lines += ["The choice is the router's cost model's (basis `model`) or the rule before it (`default`, its rates "
+              "not yet measured); `none`: no choice sent (no history on a decode to reuse: an OFF leg, a released "
+              "handle). What ran is the path above "
+              "(`X-PD-KV-Reuse`): a read can still find the history in the prefill's own cache.", "",
+              "| leg | warm turns | router chose | basis | decode alone refused |", "|---" * 5 + "|"]
+    for name, c in by_leg.items():
+        basis = ", ".join(f"{k} {v}" for k, v in c.basis.items()) or "-"
+        refused = ", ".join(f"{k} {v}" for k, v in c.refused.items()) or "-"
+        lines.append(f"| {name} | {c.warm_turns} | {c.mix} | {basis} | {refused} |")
+    lines += ["", "Predicted against measured TTFT of the turns the model chose (wall-clock ms, p50 of each; "
+              "measured / predicted: p50 of the per-turn ratio, > 1 where the model was optimistic; measured by this "
+              "client, so it also holds the router's own time):", "",
+              "| leg | chosen | turns | what ran | predicted turns | predicted p50 | measured p50 | measured / "
+              "predicted |", "|---" * 8 + "|"]
+    for name, c in by_leg.items():
+        for s in c.sources:
+            ran = ", ".join(f"{k} {v}" for k, v in s.ran.items()) or "-"
+            lines.append(f"| {name} | {s.source} | {s.turns} | {ran} | {s.predicted_turns} | "
+                         f"{_opt(s.predicted_p50_ms)} | {_opt(s.measured_p50_ms)} | {_opt(s.ratio_p50, 2)} |")
+    return lines
+
+
+def _opt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _prefill_section(

@@ -41,7 +41,12 @@ class RequestRecord:
     reuse_reason: str | None = None
     reuse_read: int | None = None  # tokens the prefill read from the decode (X-PD-KV-Reuse read=)
     reuse_cached: int | None = None  # prompt tokens the prefill did not compute: cache hit + read (cached=)
-    kv_choice: str | None = None  # the router's X-PD-KV-Choice: the cost model's source, basis, prediction
+    # The router's choice for a warm turn (X-PD-KV-Choice, pdctl.router.wire.KvChoice); None on a cold turn, an OFF
+    # leg, an aggregated engine or a router that does not send it. `source` above says what then happened.
+    kv_choice: str | None = None  # decode_cache, decode_read or recomputed
+    kv_choice_basis: str | None = None  # model (the cost model) or default (its rates not yet measured)
+    kv_choice_predicted_ms: float | None = None  # the model's predicted TTFT (basis model), beside ttft_ms
+    kv_choice_refused: str | None = None  # why the decode alone was refused: itl, slower, cap
     request_id: str | None = None
 
     @property

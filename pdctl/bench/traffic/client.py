@@ -135,12 +135,15 @@ async def send(
             rec.prefill_ms = wire.parse_ms(resp.headers.get(wire.PREFILL_MS_HEADER))
             rec.router_in_ms = wire.parse_ms(resp.headers.get(wire.ROUTER_IN_MS_HEADER))
             rec.decode_ms = wire.parse_ms(resp.headers.get(wire.DECODE_MS_HEADER))
-            rec.kv_choice = resp.headers.get(wire.KV_CHOICE_HEADER)
             reuse = wire.Reuse.parse(resp.headers.get(wire.REUSE_HEADER))
             if reuse.outcome != "absent":
                 rec.reuse, rec.reuse_tokens, rec.reuse_reason = reuse.outcome, reuse.tokens, reuse.reason or None
                 rec.reuse_read = reuse.read
                 rec.reuse_cached = reuse.cached
+            choice = wire.KvChoice.parse(resp.headers.get(wire.KV_CHOICE_HEADER))
+            if choice is not None:
+                rec.kv_choice, rec.kv_choice_basis = choice.source, choice.basis
+                rec.kv_choice_predicted_ms, rec.kv_choice_refused = choice.predicted_ms, choice.refused
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             else:

@@ -12,7 +12,7 @@ from pdctl.lifecycle.hosts.connect import connected
 from pdctl.lifecycle.hosts.launch import health
 from pdctl.plan import entry, plan
 from pdctl.remote import forward
-from pdctl.remote.local import LocalTransport
+from pdctl.remote.here import listens_here
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
@@ -39,10 +39,10 @@ def port_forward(topo: Topology, port: int | None, on_ready: Callable[[Forwardin
                 f"{topo.name} is not up: the router at {router.url} on {router.node} does not answer ({verdict})",
                 hint=f"start it with `pdctl up -t {topo.file}`, or see `pdctl status -t {topo.file}`",
             )
-        if port is None and isinstance(transport, LocalTransport):
+        target = urlsplit(router.url)
+        if port is None and listens_here(transport, target.hostname or ""):
             port = 0  # the router itself holds its port on this machine: any free one
         listener = forward.listen(topo.router.port if port is None else port)
         local = f"http://127.0.0.1:{listener.getsockname()[1]}"
         on_ready(Forwarding(local, router.url, router.node))
-        target = urlsplit(router.url)
         forward.serve(listener, transport, target.hostname or "", target.port or 80, stop)

@@ -6,9 +6,10 @@ Rendering lives in `status_view`; `--json` is `StatusReport.to_json()` of the sa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -22,10 +23,11 @@ from pdctl.lifecycle.hosts.slurm_job import SlurmStatus, job_status
 from pdctl.plan import ProcessSpec, entry, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.fanout import parallel
+from pdctl.remote.here import listens_here
 from pdctl.remote.local import LocalTransport
 from pdctl.remote.procs import HostProcess
 from pdctl.remote.sshconnect import SshOptions
-from pdctl.router.wire import RouterStats
+from pdctl.router.wire import RetentionStats, RouterStats
 from pdctl.slurm.transport import SlurmTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology
@@ -41,7 +43,10 @@ _SAMPLES = {
     em.NIXL_FAILED.removesuffix("_total"): "nixl_failures",
     em.NIXL_EXPIRED: "kv_expired",
     em.NIXL_EXPIRED.removesuffix("_total"): "kv_expired",
+    "pdctl_sim_kv_retained_blocks": "kv_retained_blocks",
+    "pdctl_sim_kv_num_gpu_blocks": "kv_blocks",
 }
+PRESSURE = "pressure"  # the release reason of handles dropped to make room (the router's `pdctl_router_kv_releases`)
 
 
 @dataclass
@@ -53,6 +58,56 @@ class EngineMetrics:
     nixl_bytes: float = 0
     nixl_failures: float = 0
     kv_expired: float = 0
+    # the simulator's own count of the KV blocks it keeps for a peer, against all it has (vLLM exports neither)
+    kv_retained_blocks: float | None = None
+    kv_blocks: float | None = None
+
+
+@dataclass
+class DecodePins:
+    """One decode as a router's retention sees it: the KV its live handles pin there against the decode's total."""
+
+    url: str
+    name: str  # the decode's process name (its URL where the plan has no such decode)
+    retained_blocks: int = 0
+    retained_tokens: int = 0
+    handles: int = 0
+    capacity_tokens: int | None = None  # the decode's KV, from its /metrics (None: not known yet)
+    retained_share: float | None = None  # retained_tokens / capacity_tokens
+    kv_usage: float | None = None  # the decode's own KV use at the router's last poll
+    releases_queued: int = 0
+
+
+@dataclass
+class DecodeHeld:
+    """One decode's KV held by retained blocks: every router's pins there against the decode's total."""
+
+    name: str
+    url: str
+    kv_usage: float | None = None  # the decode's own KV use (its /metrics now, else a router's last poll)
+    capacity_tokens: int | None = None
+    retained_tokens: int = 0  # pinned by every router's live handles
+    retained_blocks: int = 0
+    retained_share: float | None = None  # retained_tokens / capacity_tokens
+    handles: int = 0
+    by_router: dict[str, int] = field(default_factory=dict)  # router name -> the tokens its handles pin here
+    releases_queued: int = 0
+    kept_blocks: float | None = None  # the simulator's own count of blocks it keeps for a peer (vLLM says none)
+    kv_blocks: float | None = None
+
+
+@dataclass
+class RetentionStatus:
+    """A router's retained KV: its pins per decode, and what it released (under pressure: to make room)."""
+
+    high_kv: float = 0.0
+    target_kv: float = 0.0
+    handles: int = 0
+    release_queue: int = 0
+    pressure_events: int = 0  # polls that found a decode under pressure and released something
+    released_under_pressure: int = 0  # handles released to make room (sent)
+    releases: dict[str, int] = field(default_factory=dict)  # why -> releases sent
+    decodes: list[DecodePins] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +141,10 @@ class RouterStatus:
     live_handles: int = 0
     error: str | None = None
     name: str = "router"
+    recent_window_s: float = 0.0  # the same hit rate over the router's last recent_window_s seconds
+    recent_eligible_turns: int = 0
+    recent_hit_rate: float | None = None  # None: no eligible turn in the window
+    retention: RetentionStatus | None = None  # disaggregated routers
 
 
 @dataclass
@@ -99,6 +158,7 @@ class StatusReport:
     unreachable: dict[str, str] = field(default_factory=dict)
     reach: str = ""
     slurm: SlurmStatus | None = None
+    retained: list[DecodeHeld] = field(default_factory=list)  # each decode's retained KV, every router's pins
 
     @property
     def healthy(self) -> bool:
@@ -156,20 +216,51 @@ def status(topo: Topology, *, ssh: SshOptions | None = None) -> StatusReport:
         elif not rows[router.name].alive:
             report.router = RouterStatus(router.url, error="the router is not running")
         else:
-            report.router = router_stats(hosts[router.node], router.url, router.name)
+            report.router = router_stats(hosts[router.node], router.url, router.name, specs)
         if len(routers) > 1:  # behind a load balancer: each router's own /stats, one row each
             report.routers = [RouterStatus(r.url, error=f"{r.node} unreachable", name=r.name)
-                              if r.node in report.unreachable else router_stats(hosts[r.node], r.url, r.name)
+                              if r.node in report.unreachable else router_stats(hosts[r.node], r.url, r.name, specs)
                               for r in routers]
+        report.retained = retained(report)
         entry_spec = entry(specs)
         report.reach = reach_hint(topo, entry_spec, hosts.get(entry_spec.node))
     return report
+
+
+def retained(report: StatusReport) -> list[DecodeHeld]:
+    """Each decode's retained KV across the routers that report it (one router: its own pins)."""
+    routers = [r for r in report.routers or ([report.router] if report.router else []) if r.retention is not None]
+    if not routers:
+        return []
+    engines = {p.url: p for p in report.processes if p.role == "decode"}
+    out: dict[str, DecodeHeld] = {}
+    for r in routers:
+        assert r.retention is not None
+        for d in r.retention.decodes:
+            held = out.setdefault(d.url, DecodeHeld(d.name, d.url, d.kv_usage, d.capacity_tokens))
+            held.capacity_tokens = held.capacity_tokens or d.capacity_tokens
+            held.kv_usage = held.kv_usage if held.kv_usage is not None else d.kv_usage
+            held.retained_tokens += d.retained_tokens
+            held.retained_blocks += d.retained_blocks
+            held.handles += d.handles
+            held.releases_queued += d.releases_queued
+            held.by_router[r.name] = held.by_router.get(r.name, 0) + d.retained_tokens
+    for held in out.values():
+        m = engines[held.url].metrics if held.url in engines else None
+        if m is not None:
+            held.kv_usage = m.kv_cache_usage
+            held.kept_blocks, held.kv_blocks = m.kv_retained_blocks, m.kv_blocks
+        if held.capacity_tokens:
+            held.retained_share = round(held.retained_tokens / held.capacity_tokens, 4)
+    return list(out.values())
 
 
 def reach_hint(topo: Topology, router: ProcessSpec, transport: Transport | None) -> str:
     """How a person at the CLI's machine reaches the router."""
     if transport is None or isinstance(transport, LocalTransport | SlurmTransport):
         return f"router: {router.url}"
+    if listens_here(transport, urlsplit(router.url).hostname or ""):
+        return f"router: {router.url} on {router.node}, which is this machine: open {router.url} directly"
     return (f"router: {router.url} on {router.node}, reached over SSH; from here: "
             f"`pdctl port-forward -t {topo.file} --port {topo.router.port}`, then http://127.0.0.1:{topo.router.port}")
 
@@ -238,7 +329,8 @@ def parse_metrics(text: str) -> EngineMetrics:
     return EngineMetrics(**values)
 
 
-def router_stats(transport: Transport, url: str, name: str = "router") -> RouterStatus:
+def router_stats(transport: Transport, url: str, name: str = "router",
+                 specs: Sequence[ProcessSpec] = ()) -> RouterStatus:
     try:
         with httpx.Client(transport=transport.http(), timeout=3.0) as client:
             data = client.get(f"{url}/stats").json()
@@ -251,7 +343,26 @@ def router_stats(transport: Transport, url: str, name: str = "router") -> Router
     return RouterStatus(
         url=url, requests_total=stats.requests_total, hit=stats.hit, partial=stats.partial, miss=stats.miss,
         hit_rate=stats.hit_rate, reused_tokens_total=stats.reused_tokens_total, local_turns=stats.local_turns,
-        live_handles=stats.live_handles, name=name,
+        live_handles=stats.live_handles, name=name, recent_window_s=stats.recent_window_s,
+        recent_eligible_turns=stats.recent_eligible_turns,
+        recent_hit_rate=stats.recent_hit_rate if stats.recent_eligible_turns else None,
+        retention=retention_status(stats.retention, specs) if stats.retention is not None else None,
+    )
+
+
+def retention_status(r: RetentionStats, specs: Sequence[ProcessSpec] = ()) -> RetentionStatus:
+    """The /stats `retention` section as `status` shows it: each decode by its process name."""
+    names = {s.url: s.name for s in specs if s.role == "decode"}
+    sent = {reason: results.get("sent", 0) for reason, results in r.releases.items()}
+    return RetentionStatus(
+        high_kv=r.high_kv, target_kv=r.target_kv, handles=r.handles, release_queue=r.release_queue,
+        pressure_events=r.pressure_events, released_under_pressure=sent.get(PRESSURE, 0),
+        releases={k: v for k, v in sorted(sent.items()) if v},
+        decodes=[DecodePins(
+            d.url, names.get(d.url, d.url), d.retained_blocks, d.retained_tokens, d.handles, d.capacity_tokens,
+            round(d.retained_tokens / d.capacity_tokens, 4) if d.capacity_tokens else None, d.kv_usage,
+            d.releases_queued)
+            for d in r.decodes],
     )
 
 

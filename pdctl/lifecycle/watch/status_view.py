@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pdctl.lifecycle.watch.status import StatusReport
+from pdctl.lifecycle.watch.status import DecodeHeld, EngineMetrics, RetentionStatus, StatusReport
 
 
 def _dur(seconds: float | None) -> str:
@@ -37,16 +37,20 @@ def render_status(report: StatusReport, console: Console) -> None:
     engines = [p for p in report.processes if p.metrics is not None]
     if engines:
         metrics = Table(header_style="bold", box=box.SIMPLE_HEAD)
-        for col in ("engine", "run/wait", "KV", "NIXL xfers", "failed", "expired"):
+        kept = any(p.metrics is not None and p.metrics.kv_blocks for p in engines)  # the simulator says
+        for col in ("engine", "run/wait", "KV", *(["retained"] if kept else []), "NIXL xfers", "failed", "expired"):
             metrics.add_column(col, overflow="fold")
         for p in engines:
             m = p.metrics
             assert m is not None
             metrics.add_row(
-                p.name, f"{m.running:g}/{m.waiting:g}", f"{m.kv_cache_usage:.1%}", f"{m.nixl_transfers:g}",
-                Text(f"{m.nixl_failures:g}", style="red" if m.nixl_failures else ""), f"{m.kv_expired:g}",
+                p.name, f"{m.running:g}/{m.waiting:g}", f"{m.kv_cache_usage:.1%}", *([_retained(m)] if kept else []),
+                f"{m.nixl_transfers:g}", Text(f"{m.nixl_failures:g}", style="red" if m.nixl_failures else ""),
+                f"{m.kv_expired:g}",
             )
         console.print(metrics)
+    if report.retained:
+        console.print(_retained_table(report.retained, several=len(report.routers) > 1))
     units = sorted({p.unit for p in report.processes if p.unit})
     if units:
         console.print(f"[dim]systemd units: {', '.join(units)}[/]", highlight=False)
@@ -67,6 +71,13 @@ def render_status(report: StatusReport, console: Console) -> None:
                 + f"{r.live_handles} live handles",
                 highlight=False,
             )
+            if r.recent_window_s:
+                recent = (f"{r.recent_hit_rate:.1%} over {r.recent_eligible_turns} turns"
+                          if r.recent_hit_rate is not None else "no turn that could reuse")
+                console.print(f"  last {r.recent_window_s:g} s: hit rate {recent}", highlight=False)
+            if r.retention is not None:
+                for line in _retention_lines(r.retention):
+                    console.print(f"  {line}", highlight=False)
     for node, why in report.unreachable.items():
         console.print(f"[red]unreachable[/] {node}: {why}", highlight=False)
     if report.reach:
@@ -75,6 +86,45 @@ def render_status(report: StatusReport, console: Console) -> None:
         console.print(f"[yellow]not in the topology but running[/]: {stray}", highlight=False)
     if report.state_file is None:
         console.print("[dim]no state file: pids and uptime come from the hosts alone[/]")
+
+
+def _retained(m: EngineMetrics) -> str:
+    """The engine's blocks kept for a peer against all it has (the simulator's own count)."""
+    if not m.kv_blocks:
+        return "-"
+    kept = m.kv_retained_blocks or 0.0
+    return f"{kept:g}/{m.kv_blocks:g} ({kept / m.kv_blocks:.1%})"
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1000:.1f}k" if n >= 10000 else f"{n:g}"
+
+
+def _retained_table(held: list[DecodeHeld], several: bool) -> Table:
+    """Each decode's KV held by retained blocks (every router's pins) against its total, and by router."""
+    table = Table(title="retained KV (kept on the decode for next turns)", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD)
+    for col in ("decode", "KV used", "retained", "of its KV", "handles", "queued", *(["by router"] if several else [])):
+        table.add_column(col, overflow="fold")
+    for d in held:
+        table.add_row(
+            d.name, "-" if d.kv_usage is None else f"{d.kv_usage:.1%}",
+            f"{_tokens(d.retained_tokens)} tok", "-" if d.retained_share is None else f"{d.retained_share:.1%}",
+            str(d.handles), str(d.releases_queued),
+            *([", ".join(f"{r} {_tokens(n)}" for r, n in d.by_router.items())] if several else []),
+        )
+    return table
+
+
+def _retention_lines(r: RetentionStatus) -> list[str]:
+    """What a router released, to make room first (its pins per decode are in the retained KV table)."""
+    lines = []
+    others = ", ".join(f"{why} {n}" for why, n in r.releases.items() if why != "pressure")
+    lines.append(f"released under pressure: {r.released_under_pressure} handles in {r.pressure_events} polls "
+                 f"(above {r.high_kv:.0%} KV, down to {r.target_kv:.0%})"
+                 + (f"; other releases: {others}" if others else "")
+                 + (f"; {r.release_queue} queued" if r.release_queue else ""))
+    return lines
 
 
 def _slurm_line(report: StatusReport) -> str:

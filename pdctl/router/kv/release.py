@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from pdctl import prefix_check
 from pdctl.router import jsonx
-from pdctl.router.kv.handles import Handle, Pins
+from pdctl.router.kv.handles import PRESSURE, RECLAIMED, REPLACED, SHUTDOWN, SINGLE_TURN, UNREAD, Handle, Pins
 from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.upstream.pools import Pool
 
@@ -56,6 +56,7 @@ TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot o
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
 # Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
 RELEASE_FIELD = "pdctl_release"
+SHOWN_REASONS = (PRESSURE, SINGLE_TURN, RECLAIMED, REPLACED, UNREAD, SHUTDOWN)  # exported from the start
 
 
 def release_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +83,8 @@ class ReleaseMetrics:
         self.counter = Counter("pdctl_router_kv_releases", "Releases of decode KV no turn would read, by why the "
                                "handle was dropped and result (sent, failed, skipped: its decode was down).",
                                ["reason", "result"], registry=registry)
+        for reason in SHOWN_REASONS:  # at 0 from the start: a rate of them is 0, not absent, before the first
+            self.counter.labels(reason, "sent")
         self.sent: Tally[str] = Tally()
         self.failed = 0
         self.results: Tally[tuple[str, str]] = Tally()  # (reason, result) -> releases

@@ -96,6 +96,11 @@ class RetentionMetrics:
                              "vllm:num_requests_waiting) at the router's last poll.", ["index"], registry=r)
         self.retained = Gauge("pdctl_router_retained_blocks", "KV blocks this router's live handles pin on the "
                               "decode.", ["index"], registry=r)
+        self.handles = Gauge("pdctl_router_retained_handles", "This router's live handles on the decode (each pins "
+                             "a conversation's KV there for its next turn).", ["index"], registry=r)
+        self.capacity = Gauge("pdctl_router_decode_kv_capacity_blocks", "The decode's KV blocks in all (its "
+                              "vllm:cache_config_info, as the router last polled it): what retained blocks are "
+                              "judged against.", ["index"], registry=r)
         self.queue = Gauge("pdctl_router_release_queue", "Releases submitted and not yet done.", registry=r)
         self.journal = Gauge("pdctl_router_journal_pins", "Pins in this router's journal (live handles and "
                              "releases not yet done).", registry=r)
@@ -217,6 +222,9 @@ class Retention:
             if kv is not None:
                 m.waiting.labels(index).set(kv.waiting)
             m.retained.labels(index).set(-(-pinned.get(u.url, 0) // self.block_size))
+            m.handles.labels(index).set(self.table.on(u.url))
+            if kv is not None and kv.capacity is not None:
+                m.capacity.labels(index).set(kv.capacity // self.block_size)
         m.queue.set(self.releaser.queued)
         if self.journal is not None:
             m.journal.set(len(self.journal))

@@ -17,6 +17,7 @@ from pdctl.router.wire import (
     D_TO_P,
     KV_SOURCES,
     P_TO_D,
+    REUSE_PAIRS,
     WHOLE_PREFILL,
     KvChoiceStats,
     RetentionStats,
@@ -92,9 +93,13 @@ class RouterMetrics:
         # Label children looked up once: a turn counts into them without the labels' dict lookups.
         self._sources = {source: self.kv_source.labels(source) for source in KV_SOURCES}
         self._d_to_p, self._p_to_d = self.kv_moved.labels(D_TO_P), self.kv_moved.labels(P_TO_D)
+        # Every known label value at 0 from the start: a rate over a series needs the 0 before the first count, and
+        # a dashboard's hit rate needs its hit series while there have been only misses (after a restart too).
         for role in _ROLES:
             for status in ("429", "503"):
                 self.refused.labels(role, status)
+        for outcome, reason in REUSE_PAIRS:
+            self.reuse.labels(outcome, reason)
         self.releases = ReleaseMetrics(r)
         self.started = time.monotonic()
         self.requests_total = 0
