@@ -8,6 +8,7 @@ No I/O here. Paths may start with `~/`; the transport expands them on the host.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -338,8 +339,9 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
         argv += ["--local-prefill-tokens", str(r.local_prefill_tokens)]
     if r.local_prefill_tokens and (r.local_policy, r.local_busy_streams) != (LOCAL_POLICY, LOCAL_BUSY_STREAMS):
         argv += ["--local-policy", r.local_policy, "--local-busy-streams", str(r.local_busy_streams)]
-    if r.local_prefill_tokens and r.itl_slo_ms != ITL_SLO_MS:
-        argv += ["--itl-slo-ms", f"{r.itl_slo_ms:g}"]
+    itl_slo_ms = router_itl_slo_ms(topo)
+    if r.local_prefill_tokens and itl_slo_ms != ITL_SLO_MS:
+        argv += ["--itl-slo-ms", f"{itl_slo_ms:g}"]
     if not r.release:
         argv.append("--no-release")
     elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:
@@ -354,6 +356,15 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
     if r.release:  # the routers' pin journals (pdctl.router.kv.journal): a restarted one releases what they left
         argv += ["--state-dir", run_dir(topo, at.node)]
     return _router_spec(topo, argv + _tracing(topo) + _client_side(topo, at), at)
+
+
+def router_itl_slo_ms(topo: Topology) -> float:
+    """The router's ITL budget on its own clock. router.itl_slo_ms is the engines' time (on simulated engines,
+    modelled time, the time the bench reports); the router measures the decode's steps in wall time, which a
+    simulator at sim.speed runs `speed` times faster: its budget is itl_slo_ms / speed, so that its check of a
+    local prefill's stall and the ITL the bench measures use one clock (speed inf: no delays, nothing to scale)."""
+    speed = topo.sim.speed if topo.engine == "sim" else 1.0
+    return topo.router.itl_slo_ms / speed if math.isfinite(speed) else topo.router.itl_slo_ms
 
 
 def _tracing(topo: Topology) -> list[str]:

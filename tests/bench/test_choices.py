@@ -119,3 +119,19 @@ def test_a_bench_whose_router_sent_no_choice_says_so(tmp_path: Path) -> None:
     leg = LegResult("off", [], False, True, records=[_turn("a", 0, 500.0), _turn("a", 1, 800.0)])
     md = report.write(BenchResult("t", True, {}, [leg]), tmp_path / "out").report.read_text()
     assert "No leg's router sent a choice (`X-PD-KV-Choice`)" in md
+
+
+def test_the_console_and_json_name_the_chosen_mix(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from pdctl.bench.output import render
+
+    on = _on_leg()
+    result = BenchResult("t", True, {}, [on])
+    files = report.write(result, tmp_path / "out")
+    console = Console(record=True, width=200, color_system=None)
+    render.print_outcome(result, files, console)
+    text = console.export_text()
+    assert "leg on: the router chose decode_read 6 (75%), recomputed 1 (12%), none 1 (12%)" in text, text
+    assert render.as_json(result, files)["legs"][0]["kv_choice"]["chosen"] == {"decode_read": 6, "recomputed": 1,
+                                                                               "none": 1}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from pdctl.bench.leg.legs import DEFAULT_LEGS, LegSpec
+from pdctl.bench.leg.legs import DEFAULT_LEGS, LegSpec, leg_topology
 from pdctl.bench.runner.options import PROFILES, BenchArgs, bench_options, estimate_line
 from pdctl.bench.traffic.workload import WorkloadSpec
 from pdctl.errors import UsageError
+from pdctl.plan import plan
 from pdctl.remote.sshconnect import SshOptions
 
 TOPO = Path(__file__).parents[2] / "configs" / "local-sim.yaml"
@@ -71,3 +73,17 @@ def test_the_eviction_profile_brings_its_legs_slo_and_agent_shape() -> None:
     with pytest.raises(UsageError) as e:
         bench_options(BenchArgs(TOPO, profile="evict", runs=0))
     assert e.value.message == "--runs must be >= 1, got 0"
+
+
+def test_a_capacity_runs_itl_slo_is_the_routers_budget_on_the_routers_clock() -> None:
+    # local-sim.yaml runs its simulators at speed 10: the SLO's 150 modelled ms are 15 ms of the router's wall clock.
+    opts = bench_options(BenchArgs(TOPO, profile="evict", slo="ttft_p90=500,itl_p99=150", overrides=["sim.speed=5"]))
+    assert opts.base_overrides == ["router.itl_slo_ms=150", "sim.speed=5"]
+    on = next(leg for leg in opts.legs if leg.name == "on")
+    _, _, router = plan(leg_topology(TOPO, opts.base_overrides, on), sys.executable)
+    assert router.argv[router.argv.index("--itl-slo-ms") + 1] == "30"
+    # The command's own --set wins; an SLO without an ITL bound leaves the router's budget alone.
+    given = bench_options(BenchArgs(TOPO, profile="evict", overrides=["router.itl_slo_ms=80"]))
+    assert leg_topology(TOPO, given.base_overrides, on).router.itl_slo_ms == 80
+    ttft_only = bench_options(BenchArgs(TOPO, sweep="sessions=1", slo="ttft_p90=500"))
+    assert ttft_only.base_overrides == []

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
+from pdctl.lifecycle.watch.top import Sampler, render_top
 from pdctl.plan import plan
 from pdctl.topology import load
 from tests.conftest import free_port
@@ -109,5 +110,41 @@ def test_status_and_top_show_retained_kv_per_router_and_releases(tmp_path: Path,
         row = next(line for line in text.splitlines() if line.split()[:1] == ["decode-0"] and "tok" in line)
         assert "router-0" in row and "router-1" in row and f"{held['retained_share']:.1%}" in row, text
         assert text.count("released under pressure:") == 2 and "single_turn" in text, text
+
+        # top over an interval with a warm turn and a single-turn release on each router
+        with Sampler(topo) as sampler:
+            sampler.sample()
+            for url in urls:
+                _conversation(url, 300)
+                _chat(url, uuid.uuid4().hex, [{"role": "user", "content": "one more question"}], retain=False)
+            assert all(eventually(lambda u=u: _retention(u)["release_queue"] == 0) for u in urls)  # type: ignore[misc]
+            view = sampler.sample()
+        assert sum(view.kv_choice.values()) >= 2, view.kv_choice  # each conversation's second turn
+        assert sum(view.kv_choice_share.values()) == pytest.approx(1.0, abs=1e-3)
+        mix = [httpx.get(f"{u}/stats", timeout=10).json()["kv_choice"]["mix"] for u in urls]
+        assert view.kv_choice_total == {k: sum(m[k] for m in mix) for k in mix[0]}, (view.kv_choice_total, mix)
+        assert view.releases["single_turn"] == 2 and view.releases_total["single_turn"] == 4, view.releases
+        assert view.releases_total["pressure"] == sum(_sent(u, "pressure") for u in urls) > 0
+        assert view.release_queue == {"router-0": 0, "router-1": 0}
+        stats = {n: _retention(u)["decodes"][0] for n, u in routers.items()}
+        [top_held] = view.retained
+        assert top_held.process == "decode-0" and top_held.capacity_blocks == 4000
+        assert top_held.by_router == {n: d["retained_blocks"] for n, d in stats.items()}, (top_held, stats)
+        assert top_held.handles == sum(d["handles"] for d in stats.values()) > 0
+        assert top_held.retained_share == round(top_held.retained_blocks / 4000, 4) and top_held.kv_use
+        assert top_held.kept_blocks is not None and top_held.kept_blocks >= top_held.retained_blocks
+        wide = Console(width=120, record=True, color_system=None)
+        render_top(view, wide)
+        frame = wide.export_text()
+        assert "retained KV" in frame and "by router" in frame and "KV source chosen (warm turns)" in frame, frame
+        assert "single_turn 2 (total 4)" in frame, frame
+
+        # top --json: the same sections, from the CLI
+        once = CliRunner().invoke(app, ["top", "-t", str(path), "--once", "--interval", "0.5", "--json"])
+        assert once.exit_code == 0, once.output
+        doc = json.loads(once.stdout)
+        assert doc["retained"][0]["by_router"] == top_held.by_router
+        assert doc["kv_choice_total"] == view.kv_choice_total and doc["releases_total"]["single_turn"] == 4
+        assert set(doc["kv_choice_ttft_s"]) == set(view.kv_choice_total) and "p90" in doc["kv_choice_error_s"]
     finally:
         down(topo, console)

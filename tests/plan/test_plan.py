@@ -149,16 +149,27 @@ def test_itl_slo_ms_reaches_the_router_where_it_differs_from_its_default() -> No
     from pdctl.errors import TopologyError
     from pdctl.router.config import RouterConfig
 
-    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["sim.speed=1"]), SELF_PYTHON)
     assert "--itl-slo-ms" not in router.argv
     assert RouterConfig(prefill=("http://p",), decode=("http://d",)).itl_slo_ms == 200.0
-    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=50"]), SELF_PYTHON)
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=50", "sim.speed=1"]), SELF_PYTHON)
     assert router.argv[router.argv.index("--itl-slo-ms") + 1] == "50"
     _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=50",
                                                                 "router.local_prefill_tokens=0"]), SELF_PYTHON)
     assert "--itl-slo-ms" not in router.argv  # nothing runs on a decode alone: no budget to keep
     with pytest.raises(TopologyError, match="itl_slo_ms"):
         load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=0"])
+
+
+def test_the_itl_budget_is_given_to_the_router_on_its_own_clock() -> None:
+    # itl_slo_ms is modelled time on simulated engines; the router times their steps in wall time, `speed` times
+    # shorter: the ITL it checks a local prefill against is the SLO / speed, as the bench's ITL is wall x speed.
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["sim.speed=2"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--itl-slo-ms") + 1] == "100"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["sim.speed=4", "router.itl_slo_ms=300"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--itl-slo-ms") + 1] == "75"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["sim.speed=.inf"]), SELF_PYTHON)
+    assert "--itl-slo-ms" not in router.argv  # no delays at all: nothing to scale
 
 
 def test_conversation_headers_reach_the_router_in_order() -> None:

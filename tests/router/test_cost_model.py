@@ -11,7 +11,17 @@ from pdctl import prefix_check
 from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
 from pdctl.router.turn import choices
-from pdctl.router.turn.cost import NEVER_READ, Speeds, Turn, break_even, choose, through_prefill
+from pdctl.router.turn.cost import (
+    ITL_HEADROOM,
+    NEVER_READ,
+    SAFE_LOCAL_TOKENS,
+    Choice,
+    Speeds,
+    Turn,
+    break_even,
+    choose,
+    through_prefill,
+)
 from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Line, Rates
 from pdctl.router.turn.verify import Verdict, at_prefill, hit_params
 from pdctl.router.upstream.pools import Upstream
@@ -129,12 +139,37 @@ def test_a_read_with_a_measured_fixed_cost_is_made_for_long_histories_only() -> 
 def test_rates_not_yet_measured_fall_back_to_the_rule_before_the_model() -> None:
     unknown = Speeds(None, None, None, None, None)
     c = choose(turn(8000, 200, streams=50), unknown, FLOOR, SLO, CAP)
-    assert (c.basis, c.min_read, c.ttft_ms) == ("default", FLOOR, None)  # the caller applies local_policy load
+    assert (c.basis, c.min_read, c.ttft_ms, c.refused) == ("default", FLOOR, None, None)  # local_policy load's
     no_local = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
     assert choose(turn(8000, 200), no_local, FLOOR, SLO, CAP).basis == "default"
     no_read = Speeds(per_s(8000), per_s(8000), None, per_s(400_000), 20.0)
     assert break_even(per_s(8000), None, FLOOR) == (FLOOR, "default")
     assert choose(turn(8000, 200), no_read, FLOOR, SLO, CAP).basis == "model"  # placement needs no read rate
+
+
+def test_until_the_decode_is_measured_a_long_local_prefill_goes_through_the_prefill() -> None:
+    # Nothing says what 2000 tokens cost in the decode's batch: its streams' ITL is not risked on a guess.
+    for speeds in (Speeds(None, None, None, None, None),  # nothing measured yet
+                   Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0),  # the decode's compute not
+                   Speeds(per_s(8000), per_s(8000), per_s(200_000), per_s(400_000), None)):  # its step not
+        c = choose(turn(8000, 2000, streams=4), speeds, FLOOR, SLO, CAP)
+        assert (c.source, c.basis, c.refused) == (DECODE_READ, "default", "unmeasured")
+        assert choose(turn(8000, SAFE_LOCAL_TOKENS + 1, streams=1), speeds, FLOOR, SLO, CAP).refused == "unmeasured"
+        short = choose(turn(8000, SAFE_LOCAL_TOKENS, streams=4), speeds, FLOOR, SLO, CAP)
+        assert (short.basis, short.refused) == ("default", None)  # short: the load rule places it, as before
+        idle = choose(turn(8000, 2000), speeds, FLOOR, SLO, CAP)
+        assert (idle.basis, idle.refused) == ("default", None)  # no other stream to stall: as before too
+    # Measured, the same turn on an idle decode is the model's to price: it runs there.
+    assert choose(turn(8000, 2000), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
+
+
+def test_a_step_predicted_near_the_itl_budget_keeps_headroom_for_the_largest_gap() -> None:
+    # The SLO bounds each stream's largest gap; the prediction is a mean. 20 ms step + 1200 tokens at 8k/s = 170 ms:
+    # within 200 ms, but over the 150 ms the model plans to, so it goes through the prefill.
+    assert ITL_HEADROOM * SLO < 20 + 1200 / 8 < SLO
+    c = choose(turn(8000, 1200, streams=3), FAST, FLOOR, SLO, CAP)
+    assert (c.source, c.refused) == (DECODE_READ, "itl")
+    assert choose(turn(8000, 1000, streams=3), FAST, FLOOR, SLO, CAP).refused != "itl"  # 145 ms: within
 
 
 def test_a_rate_counts_after_its_samples_and_until_it_goes_stale() -> None:
@@ -239,3 +274,41 @@ def test_the_choice_header_reads_back_as_written() -> None:
     assert said.predicted_ms == round(c.ttft_ms or 0, 1)
     assert KvChoice.parse("decode_cache;basis=default") == KvChoice(DECODE_CACHE, "default")
     assert KvChoice.parse(None) is None and KvChoice.parse("basis=model") is None
+
+
+def test_every_choice_series_is_exported_at_zero_and_a_model_choice_adds_its_predicted_and_measured_ttft() -> None:
+    """/metrics per chosen source: a counter by basis, TTFT predicted and measured (model-chosen turns, whose
+    prediction it is measured against), the |error|; each series there at 0 before the first warm turn."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    made = choices.Choices(registry, Rates(), SLO)
+
+    def value(line_start: str) -> float:
+        text = generate_latest(registry).decode()
+        found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+        assert found, (line_start, text)
+        return sum(found)
+
+    for source in choices.CHOSEN:
+        for basis in ("model", "default"):
+            assert value(f'pdctl_router_kv_choice_total{{basis="{basis}",source="{source}"}}') == 0
+        for kind in ("predicted", "measured"):
+            assert value(f'pdctl_router_kv_choice_ttft_seconds_count{{kind="{kind}",source="{source}"}}') == 0
+    assert value("pdctl_router_kv_choice_error_seconds_count") == 0
+    assert value('pdctl_router_kv_choice_local_refused_total{why="itl"}') == 0
+
+    c = choose(turn(8000, 2000, streams=12), FAST, FLOOR, SLO, CAP)  # a read: the decode alone breaks the budget
+    assert c.ttft_ms is not None and c.basis == "model"
+    made.made(c, 0.5)
+    made.made(Choice(DECODE_CACHE, None, 0.0, "default", FLOOR), 0.02)  # nothing predicted to compare
+    read = f'source="{DECODE_READ}"'
+    assert value(f'pdctl_router_kv_choice_total{{basis="model",{read}}}') == 1
+    assert value(f'pdctl_router_kv_choice_ttft_seconds_sum{{kind="predicted",{read}}}') == pytest.approx(
+        c.ttft_ms / 1000)
+    assert value(f'pdctl_router_kv_choice_ttft_seconds_sum{{kind="measured",{read}}}') == pytest.approx(0.5)
+    assert value("pdctl_router_kv_choice_error_seconds_sum") == pytest.approx(abs(0.5 - c.ttft_ms / 1000))
+    assert value('pdctl_router_kv_choice_total{basis="default",source="decode_cache"}') == 1
+    assert value('pdctl_router_kv_choice_ttft_seconds_count{kind="measured",source="decode_cache"}') == 0
+    assert value('pdctl_router_kv_choice_local_refused_total{why="itl"}') == 1
+    assert made.stats().measured_turns == 1

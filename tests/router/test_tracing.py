@@ -18,7 +18,7 @@ import pytest
 
 from pdctl.router.server.otlp import encode, env_headers, traces_url
 from pdctl.router.turn.trace import Tracer, parse_traceparent
-from pdctl.router.wire import Reuse
+from pdctl.router.wire import KV_CHOICE_HEADER, KvChoice, Reuse
 from tests.router.conftest import router_process
 from tests.support.sim_procs import SimPair
 
@@ -88,7 +88,7 @@ def _attrs(span: dict[str, Any]) -> dict[str, Any]:
 
 
 def _turn(client: httpx.Client, url: str, cid: str, messages: list[dict[str, str]], traceparent: str | None,
-          stream: bool) -> tuple[Reuse, str]:
+          stream: bool) -> tuple[Reuse, str, KvChoice | None]:
     body = {"model": "Qwen", "messages": messages, "max_tokens": 6, "stream": stream, "conversation_id": cid}
     headers = {"traceparent": traceparent} if traceparent else {}
     if stream:
@@ -98,10 +98,11 @@ def _turn(client: httpx.Client, url: str, cid: str, messages: list[dict[str, str
             for line in r.iter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     text += "".join(c.get("delta", {}).get("content") or "" for c in json.loads(line[6:])["choices"])
-            return Reuse.parse(r.headers.get("x-pd-kv-reuse")), text
+            return Reuse.parse(r.headers.get("x-pd-kv-reuse")), text, KvChoice.parse(r.headers.get(KV_CHOICE_HEADER))
     r = client.post(f"{url}/v1/chat/completions", json=body, headers=headers)
     assert r.status_code == 200, r.text
-    return Reuse.parse(r.headers.get("x-pd-kv-reuse")), r.json()["choices"][0]["message"]["content"]
+    said = KvChoice.parse(r.headers.get(KV_CHOICE_HEADER))
+    return Reuse.parse(r.headers.get("x-pd-kv-reuse")), r.json()["choices"][0]["message"]["content"], said
 
 
 def test_one_trace_per_turn_with_the_stage_spans_under_the_clients_span(
@@ -114,14 +115,14 @@ def test_one_trace_per_turn_with_the_stage_spans_under_the_clients_span(
         turns = []
         for n in range(3):
             trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()
-            reuse, text = _turn(client, router.url, cid, msgs, f"00-{trace_id}-{parent}-01", stream=n != 1)
-            turns.append((trace_id, parent, reuse))
+            reuse, text, said = _turn(client, router.url, cid, msgs, f"00-{trace_id}-{parent}-01", stream=n != 1)
+            turns.append((trace_id, parent, reuse, said))
             msgs = [*msgs, {"role": "assistant", "content": text}, {"role": "user", "content": f"and {n}?"}]
         # an edited history: a miss that says where the prefix diverged
         trace_id, parent = os.urandom(16).hex(), os.urandom(8).hex()
         msgs[0] = {"role": "user", "content": "an edited question " + "about the sea " * 120}
-        reuse, _ = _turn(client, router.url, cid, msgs, f"00-{trace_id}-{parent}-01", stream=True)
-        turns.append((trace_id, parent, reuse))
+        reuse, _, said = _turn(client, router.url, cid, msgs, f"00-{trace_id}-{parent}-01", stream=True)
+        turns.append((trace_id, parent, reuse, said))
         # not sampled by the client: no trace
         unsampled = os.urandom(16).hex()
         _turn(client, router.url, uuid.uuid4().hex, msgs[:1], f"00-{unsampled}-{os.urandom(8).hex()}-00", False)
@@ -136,7 +137,7 @@ def test_one_trace_per_turn_with_the_stage_spans_under_the_clients_span(
             time.sleep(0.2)
 
     hashes = set()
-    for i, (trace_id, parent, reuse) in enumerate(turns):
+    for i, (trace_id, parent, reuse, said) in enumerate(turns):
         spans = collector.trace(trace_id, 5)
         roots = [s for s in spans if s.get("parentSpanId") == parent]
         assert len(roots) == 1, spans  # one turn, one span under the client's
@@ -167,6 +168,11 @@ def test_one_trace_per_turn_with_the_stage_spans_under_the_clients_span(
             assert (a["pdctl.kv.choice"], a["pdctl.kv.choice.min_read"]) == ("decode_read", 0), a
             assert a["pdctl.kv.choice.basis"] in ("model", "default")
             assert ("pdctl.kv.choice.measured_ttft_ms" in a) == (i == 2)  # streamed turns only
+            # its predicted TTFT where the model chose (as X-PD-KV-Choice says it), beside the measured one
+            model = a["pdctl.kv.choice.basis"] == "model"
+            assert ("pdctl.kv.choice.predicted_ttft_ms" in a) == model, a
+            assert said is not None and (said.source, said.basis) == (a["pdctl.kv.choice"], a["pdctl.kv.choice.basis"])
+            assert said.predicted_ms == (a["pdctl.kv.choice.predicted_ttft_ms"] if model else None)
         if i == 0:
             assert "pdctl.kv.choice" not in a  # a cold turn: nothing to choose
         if i == 3:

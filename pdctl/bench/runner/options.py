@@ -3,6 +3,7 @@ only passes values through. Each bad value is a `UsageError` naming the flag and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -139,7 +140,7 @@ def bench_options(args: BenchArgs, ssh: SshOptions | None = None) -> BenchOption
         clients=players,
         rate=args.rate,
         no_redeploy=args.no_redeploy,
-        base_overrides=list(args.overrides),
+        base_overrides=itl_budget(capacity, list(args.overrides)),
         warmup=args.warmup,
         ssh=ssh,
         client=cast(ClientWhere, args.client),
@@ -182,6 +183,15 @@ def _capacity(args: BenchArgs, evict: bool = False) -> CapacityOptions:
         raise UsageError(f"--runs must be >= 1, got {args.runs}", hint="--runs 2 (a third when two disagree)")
     return CapacityOptions(agent, sessions=parse_sweep(args.sweep) if args.sweep else (),
                            slo=Slo.parse(slo) if slo else Slo(), runs=args.runs, evict=evict)
+
+
+def itl_budget(capacity: CapacityOptions | None, overrides: list[str]) -> list[str]:
+    """A capacity run's ITL p99 SLO is also the routers' ITL budget (router.itl_slo_ms: the cost model runs a warm
+    turn on its decode only where the stall keeps that decode's ITL within it), put first, so the command's --set
+    and each leg's overrides still win. The plan turns it into the router's clock (a simulator's speed)."""
+    if capacity is None or not math.isfinite(capacity.slo.itl_p99):
+        return overrides
+    return [f"router.itl_slo_ms={capacity.slo.itl_p99:g}", *overrides]
 
 
 def _given(value: int | None, default: int) -> int:

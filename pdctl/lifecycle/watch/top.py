@@ -86,6 +86,20 @@ class Instance:
 
 
 @dataclass
+class Retained:
+    """One decode's KV held by retained blocks: every router's pins against its total, and by router."""
+
+    process: str
+    kv_use: float | None = None  # the decode's own KV use (1 = full)
+    capacity_blocks: float | None = None  # its KV blocks in all
+    retained_blocks: float = 0.0  # pinned by every router's live handles
+    retained_share: float | None = None  # retained_blocks / capacity_blocks
+    handles: float = 0.0
+    by_router: dict[str, float] = field(default_factory=dict)  # router process -> the blocks its handles pin here
+    kept_blocks: float | None = None  # the simulator's own count of blocks it keeps for a peer (vLLM says none)
+
+
+@dataclass
 class TopView:
     deployment: str
     interval_s: float
@@ -104,6 +118,18 @@ class TopView:
     admission: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # role -> in flight, queued, slots
     refusals: dict[str, float] = field(default_factory=dict)  # "role status" -> in the interval
     instances: list[Instance] = field(default_factory=list)
+    retained: list[Retained] = field(default_factory=list)
+    release_queue: dict[str, float] = field(default_factory=dict)  # router -> releases submitted, not yet done
+    releases: dict[str, float] = field(default_factory=dict)  # why -> releases sent in the interval
+    releases_total: dict[str, float] = field(default_factory=dict)  # why -> since the routers started
+    # The warm turns' KV source as the router's cost model chose it (decode_cache, decode_read, recomputed)
+    kv_choice: dict[str, float] = field(default_factory=dict)  # source -> warm turns in the interval
+    kv_choice_share: dict[str, float] = field(default_factory=dict)  # source -> share of them
+    kv_choice_total: dict[str, float] = field(default_factory=dict)  # source -> since the routers started
+    kv_choice_default: float = 0.0  # of the interval's, chosen by the rule (the model's rates not yet measured)
+    kv_choice_refused: dict[str, float] = field(default_factory=dict)  # why the decode alone was refused
+    kv_choice_ttft_s: dict[str, dict[str, float | None]] = field(default_factory=dict)  # source -> p50 by kind
+    kv_choice_error_s: dict[str, float | None] = field(default_factory=dict)  # |measured - predicted| p50/p90
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,7 +241,84 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
             inst.router_outstanding = outstanding.get(upstream, 0.0)
             inst.router_healthy = healthy.get(upstream, False)
         v.instances.append(inst)
+    _retention(v, specs, now, r_now, r_old)
+    _kv_choice(v, r_now, r_old)
     return v
+
+
+def _decode_urls(samples: Samples) -> dict[str, str]:
+    """A router's decode index -> the decode's URL (its pdctl_router_upstream_info)."""
+    return {d.get("index", ""): d.get("url", "") for d in map(dict, samples.get("pdctl_router_upstream_info", {}))
+            if d.get("role") == "decode"}
+
+
+def _capacity_blocks(samples: Samples) -> float | None:
+    """An engine's KV blocks from its vllm:cache_config_info (vLLM and the simulator both say), if it says."""
+    for labels in samples.get("vllm:cache_config_info", {}):
+        blocks = dict(labels).get("num_gpu_blocks", "")
+        if blocks.isdigit():
+            return float(blocks)
+    return None
+
+
+def _retention(v: TopView, specs: list[ProcessSpec], now: dict[str, Samples], r_now: Samples,
+               r_old: Samples) -> None:
+    """Each decode's retained KV, every router's pins on it by router; releases and the release queue."""
+    by_url = {s.url: s.name for s in specs if s.role == "decode"}
+    held: dict[str, Retained] = {}
+    for r in (s for s in specs if s.role == "router"):
+        samples = now.get(r.name)
+        if samples is None or "pdctl_router_retained_blocks" not in samples:
+            continue
+        v.release_queue[r.name] = _sum(samples, "pdctl_router_release_queue")
+        urls = _decode_urls(samples)
+        blocks = _by(samples, "pdctl_router_retained_blocks", "index")
+        handles = _by(samples, "pdctl_router_retained_handles", "index")
+        capacity = _by(samples, "pdctl_router_decode_kv_capacity_blocks", "index")
+        for (index,), n in sorted(blocks.items()):
+            name = by_url.get(urls.get(index, ""), f"decode {index}")
+            d = held.setdefault(name, Retained(name))
+            d.retained_blocks += n
+            d.handles += handles.get((index,), 0.0)
+            d.by_router[r.name] = d.by_router.get(r.name, 0.0) + n
+            if d.capacity_blocks is None and (index,) in capacity:
+                d.capacity_blocks = capacity[(index,)]
+    for d in held.values():
+        m = now.get(d.process)
+        if m is not None:
+            d.kv_use = max(m.get("vllm:kv_cache_usage_perc", {}).values(), default=0.0)
+            d.capacity_blocks = d.capacity_blocks or _capacity_blocks(m)
+            if "pdctl_sim_kv_retained_blocks" in m:
+                d.kept_blocks = _sum(m, "pdctl_sim_kv_retained_blocks")
+        if d.capacity_blocks:
+            d.retained_share = round(d.retained_blocks / d.capacity_blocks, 4)
+    v.retained = list(held.values())
+    for (reason,), n in _by(r_now, "pdctl_router_kv_releases_total", "reason", result="sent").items():
+        v.releases_total[reason] = n
+        old = _sum(r_old, "pdctl_router_kv_releases_total", reason=reason, result="sent")
+        v.releases[reason] = max(0.0, n - old)
+
+
+def _kv_choice(v: TopView, r_now: Samples, r_old: Samples) -> None:
+    """The warm turns' KV-source mix over the interval and since start, and how well the model predicted TTFT."""
+    name = "pdctl_router_kv_choice_total"
+    if name not in r_now:
+        return
+    for (source,), n in _by(r_now, name, "source").items():
+        v.kv_choice_total[source] = n
+        v.kv_choice[source] = max(0.0, n - _sum(r_old, name, source=source))
+    turns = sum(v.kv_choice.values())
+    v.kv_choice_share = {k: round(n / turns, 4) for k, n in v.kv_choice.items()} if turns else {}
+    v.kv_choice_default = max(0.0, _sum(r_now, name, basis="default") - _sum(r_old, name, basis="default"))
+    for labels, n in _delta(r_now, r_old, "pdctl_router_kv_choice_local_refused_total").items():
+        why = dict(labels)["why"]
+        v.kv_choice_refused[why] = v.kv_choice_refused.get(why, 0.0) + n
+    for source in v.kv_choice_total:
+        v.kv_choice_ttft_s[source] = {
+            kind: _quantiles(r_now, r_old, "pdctl_router_kv_choice_ttft_seconds", source=source, kind=kind)["p50"]
+            for kind in ("predicted", "measured")}
+    error = _quantiles(r_now, r_old, "pdctl_router_kv_choice_error_seconds")
+    v.kv_choice_error_s = {"p50": error["p50"], "p90": error["p90"]}
 
 
 class Sampler:
@@ -280,6 +383,42 @@ def _n(v: float) -> str:
     return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
 
 
+def _retained_table(v: TopView) -> Table:
+    several = len(v.release_queue) > 1
+    table = Table(title="retained KV (blocks kept on the decode for next turns)", title_justify="left", box=None)
+    for col in ("decode", "KV use", "retained", "of its KV", "handles", *(["by router"] if several else []),
+                *(["kept (engine)"] if any(d.kept_blocks is not None for d in v.retained) else [])):
+        table.add_column(col, justify="left" if col in ("decode", "by router") else "right")
+    for d in v.retained:
+        table.add_row(
+            d.process, "-" if d.kv_use is None else f"{d.kv_use:.0%}",
+            _n(d.retained_blocks) + ("" if d.capacity_blocks is None else f"/{_n(d.capacity_blocks)}"),
+            "-" if d.retained_share is None else f"{d.retained_share:.1%}", _n(d.handles),
+            *([", ".join(f"{r} {_n(n)}" for r, n in d.by_router.items())] if several else []),
+            *([_n(d.kept_blocks) if d.kept_blocks is not None else "-"]
+              if any(x.kept_blocks is not None for x in v.retained) else []),
+        )
+    return table
+
+
+def _choice_table(v: TopView) -> Table:
+    """The warm turns' KV source as the cost model chose it: in the interval, its share, since start, TTFT."""
+    table = Table(title="KV source chosen (warm turns)", title_justify="left", box=None)
+    for col in ("source", "turns", "share", "total", "TTFT predicted", "measured (p50 ms)"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for source, total in v.kv_choice_total.items():
+        ttft = v.kv_choice_ttft_s.get(source, {})
+        share = v.kv_choice_share.get(source)
+        table.add_row(source, _n(v.kv_choice.get(source, 0.0)), "-" if share is None else f"{share:.0%}",
+                      _n(total), _ms(ttft.get("predicted")), _ms(ttft.get("measured")))
+    refused = ", ".join(f"{k} {_n(n)}" for k, n in v.kv_choice_refused.items() if n)
+    table.caption = (f"by the rule (rates not yet measured): {_n(v.kv_choice_default)}; decode alone refused: "
+                     f"{refused or 'none'}; |measured - predicted| p50 {_ms(v.kv_choice_error_s.get('p50'))} "
+                     f"p90 {_ms(v.kv_choice_error_s.get('p90'))} ms")
+    table.caption_justify = "left"
+    return table
+
+
 def render_top(v: TopView, console: Console) -> None:
     hit = "-" if v.hit_rate is None else f"{v.hit_rate:.0%}"
     console.print(f"[bold]{v.deployment}[/]  {v.turns_per_s:.2f} turns/s over {v.interval_s:.1f}s  hit rate {hit}",
@@ -310,7 +449,16 @@ def render_top(v: TopView, console: Console) -> None:
     kv.add_row("admission", ", ".join(f"{r} {_n(a)}/{_n(c)} queued {_n(q)}" for r, (a, q, c)
                                       in v.admission.items()) or "-")
     kv.add_row("refused", ", ".join(f"{k} {_n(n)}" for k, n in v.refusals.items() if n) or "none")
+    if v.release_queue:
+        kv.add_row("released", ", ".join(f"{k} {_n(n)} (total {_n(v.releases_total.get(k, 0.0))})"
+                                         for k, n in sorted(v.releases.items()) if v.releases_total.get(k))
+                   or "none")
+        kv.add_row("release queue", ", ".join(f"{r} {_n(n)}" for r, n in v.release_queue.items()))
     console.print(kv)
+    if v.retained:
+        console.print(_retained_table(v))
+    if v.kv_choice_total:
+        console.print(_choice_table(v))
     inst = Table(title="instances", title_justify="left", box=None)
     for col in ("process", "up", "pool", "running", "waiting", "KV use", "router→"):
         inst.add_column(col, justify="left" if col in ("process", "up", "pool") else "right")

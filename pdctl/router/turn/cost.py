@@ -6,8 +6,8 @@ measures (rates.py: each a line, fixed ms + ms a token) and the load it has in f
 
     decode_cache  the decode alone: TTFT = local(its queued prompt tokens + missing) + a step. Its prefill is a
                   stall of missing x the local ms a token in every other stream on that decode, whose step (their
-                  ITL) becomes step + that stall + the prompts already queued there: refused when that breaks
-                  router.itl_slo_ms
+                  ITL) becomes step + that stall + the prompts already queued there: refused when that is over
+                  ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest gap; the prediction is a mean)
     decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = prefill(its queued tokens
                   + missing) + read(held) + pull(held + missing) (P->D) + a step; no stall for the decode's streams
     recomputed    the same, computing `held` at the prefill instead of reading it
@@ -23,9 +23,11 @@ longer histories still read and show whether the link's cost is its fixed part.
 router.min_read_tokens is the floor of the break-even (and, where the read's fixed cost is not measured, that
 cost in tokens of compute; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
 
-Until the costs it needs are measured (and again once they go stale) the model is not used: the turn is placed
-by the `load` policy and reads past min_read_tokens, the behaviour before the model (`basis` "default"). A wrong
-estimate costs time, never correctness: every source serves the same verified KV.
+Until the costs it needs are measured (and again once they go stale) the model is not used: the turn reads past
+min_read_tokens and, when it lacks at most SAFE_LOCAL_TOKENS (or its decode has no other stream), is placed by the
+`load` policy, the behaviour before the model (`basis` "default"); a longer one goes through the prefill (refused
+"unmeasured"): a prefill of unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
+A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ from pdctl.router.reasons import DECODE_CACHE, DECODE_READ, RECOMPUTED
 from pdctl.router.turn.rates import Line
 
 NEVER_READ = 1 << 30  # a break-even no history reaches: the link is no faster than recompute
+# The most a warm turn may lack to run on its decode before the model can price it: ~60-90 ms of an H200's step at
+# 2k-32k context (pdctl.sim.steps H200_GRAPHS), well inside an ITL budget of 200 ms, and enough local turns (tool
+# results, short user turns) to measure the decode's rates.
+SAFE_LOCAL_TOKENS = 512
+# The share of router.itl_slo_ms a predicted step may take. The SLO bounds each stream's largest gap (ITL p99), the
+# prediction is a mean: the local line is fitted over a context bucket (2k-8k, 8k-32k) while a step's cost grows
+# with the context each token attends to, and the host adds its own jitter. Planned to the whole budget, the
+# largest gaps came out at 0.9-1.2x it (simulated 1P1D eviction, 3-8 sessions); a quarter kept back covers that.
+ITL_HEADROOM = 0.75
 Basis = Literal["model", "default"]
 
 
@@ -75,7 +86,8 @@ class Choice:
     others_ms: float
     basis: Basis
     min_read: int
-    refused: str | None = None  # "itl": it would break the ITL budget; "slower": a prefill is cheaper; "cap"
+    refused: str | None = None  # "itl": it would break the ITL budget; "slower": a prefill is cheaper; "cap";
+    # "unmeasured": over SAFE_LOCAL_TOKENS while the decode's costs are not measured
 
 
 def break_even(prefill: Line | None, read: Line | None, floor: int) -> tuple[int, Basis]:
@@ -123,18 +135,27 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
     via = through_prefill(t, s, floor)
     if t.missing > local_cap:
         return _refused(via, "cap")
-    if s.local is None or via.ttft_ms is None:
-        return Choice(via.source, None, 0.0, "default", via.min_read)
+    if s.local is None or via.ttft_ms is None or s.step_ms is None:
+        return unmeasured(t, via)
     stall = t.missing * s.local.per_token_ms
-    step = s.step_ms or 0.0
+    step = s.step_ms
     # The prompts already queued on the decode (other local turns before their first token) share those steps.
-    if t.streams > 0 and step + stall + t.decode_queued * s.local.per_token_ms > itl_slo_ms:
+    if t.streams > 0 and step + stall + t.decode_queued * s.local.per_token_ms > ITL_HEADROOM * itl_slo_ms:
         return _refused(via, "itl")
     local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
     if local_ttft + others <= via.ttft_ms:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)
     return _refused(via, "slower")
+
+
+def unmeasured(t: Turn, via: Choice) -> Choice:
+    """The safe default while a cost the decode's price needs is not measured: a turn lacking at most
+    SAFE_LOCAL_TOKENS, or any on a decode with no other stream to stall, is the `load` policy's to place (basis
+    "default"); a longer one beside other streams goes through the prefill."""
+    if t.missing > SAFE_LOCAL_TOKENS and t.streams > 0:
+        return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
+    return Choice(via.source, None, 0.0, "default", via.min_read)
 
 
 def _refused(via: Choice, why: str) -> Choice:

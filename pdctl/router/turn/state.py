@@ -111,6 +111,8 @@ class RouterState:
     def exposition(self) -> bytes:
         """The /metrics text."""
         self.choices.exposition()
+        if self.config.mode == "disaggregated":
+            self.retention.gauges()  # as of now, not of the last poll (up to POLL_S old): /metrics agrees with /stats
         return self.metrics.exposition(len(self.handles), self.prefill, self.decode, self.handles.pinned(),
                                        self.capacities.budgets(self.decode) if self.config.release else {},
                                        (self.prefill_gate, self.decode_gate))
