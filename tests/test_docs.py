@@ -221,4 +221,6 @@ def test_cluster_guide_bench_says_how_to_measure_the_read_back() -> None:
     bench = guide[guide.index("## 6."):guide.index("## 7.")]
 
     assert re.search(r"--leg '?on-prefill:connector\.bidirectional_kv_xfer=true,router\.local_prefill_tokens=0", bench)
-    assert "build-wheelhouse" not in guide  # a script that a clone does not have
+    named = set(re.findall(r"scripts/[\w/.-]*\w", guide))
+    assert "scripts/gpu/build-wheelhouse.sh" in named
+    assert [n for n in sorted(named) if not (ROOT / n).exists()] == []  # every script it names, a clone has

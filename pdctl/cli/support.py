@@ -9,7 +9,7 @@ from pdctl.cli.errors import call
 from pdctl.cli.output import err, out, say
 from pdctl.errors import UsageError
 from pdctl.topology import Topology, load
-from pdctl.topology.notes import notes
+from pdctl.topology.notes import notes, warnings
 
 __all__ = ["call", "err", "load_topology", "out", "topology_path"]  # call, err, out: cli/router.py's imports
 
@@ -36,4 +36,6 @@ def load_topology(given: Path | None, overrides: list[str] | None = None, *, not
     if noted:
         for line in notes(topo):
             say(err, f"note: {line}")
+        for line in warnings(topo):
+            say(err, f"warning: {line}")
     return topo

@@ -13,8 +13,8 @@ from pdctl.facts.base import path
 from pdctl.facts.python import FileHashes, Venv, VenvState
 from pdctl.operations.base import Context, Noop, Operation, Put, Run
 from pdctl.remote.base import CommandResult
+from pdctl.topology.notes import WHEEL_SUFFIXES
 
-WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
 _HASHES: dict[tuple[str, int, int], str] = {}
 
 
@@ -90,7 +90,8 @@ def wheelhouse_files(directory: str) -> list[Path]:
     if not root.is_dir():
         raise PdctlError(
             f"python.wheelhouse {directory} is not a directory on this machine",
-            hint="point python.wheelhouse at a local folder of wheels (pip download -d DIR ...)",
+            hint="point python.wheelhouse at a local folder of wheels "
+                 "(`scripts/gpu/build-wheelhouse.sh DIR` fills DIR/wheels)",
         )
     return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(WHEEL_SUFFIXES))
 

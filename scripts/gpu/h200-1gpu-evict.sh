@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 under eviction (for docs/results/h200-1gpu-evict; not yet run to completion): configs/h200-1gpu-evict.yaml (prefill and decode share
+# One GPU under eviction (docs/results/h100-1gpu-evict: run on an H100 at sessions 8,16, one run per point): configs/h200-1gpu-evict.yaml (prefill and decode share
 # GPU 0, the prefill's KV cut to 192 blocks), `pdctl bench --profile agent --sweep` over agent sessions, legs OFF
 # (one-way, the prefill's prefix caching on), ON via the prefill, ON default; then the aggregated engine alone.
 # One stage per device call (docs/gpu-run.md "One H200"):

@@ -71,6 +71,9 @@ def _traffic(url: str) -> list[Reuse]:
                 reuse, text = _chat(client, url, cid, msgs, stream=turn != 1)
                 seen.append(reuse)
                 msgs = [*msgs, {"role": "assistant", "content": text}, {"role": "user", "content": f"more {turn}"}]
+        single = {"model": "Qwen", "messages": [{"role": "user", "content": "one question"}], "max_tokens": 4,
+                  "conversation_id": uuid.uuid4().hex}  # its conversation's last turn: released at once
+        assert client.post(f"{url}/v1/chat/completions", json=single, headers={"x-pd-retain": "no"}).status_code == 200
         cid = uuid.uuid4().hex
         first = [{"role": "user", "content": "a long first question " + "about many things " * 100}]
         _, text = _chat(client, url, cid, first)
@@ -158,6 +161,15 @@ def test_observe_renders_and_a_real_prometheus_scrapes_every_panel(make_topo: Ma
     assert sources["decode_read"] > 0 and sources["recomputed"] > 0
     reasons = _query(prom, f'pdctl_router_kv_reuse_total{{deployment="{topo.name}", reason="prefix_diverged"}}')
     assert sum(float(r["value"][1]) for r in reasons) >= 1  # partial and miss; each series is there from 0
+    chosen = {s["metric"]["source"]: float(s["value"][1]) for s in
+              _query(prom, f'sum by (source) (pdctl_router_kv_choice_total{{deployment="{topo.name}"}})')}
+    assert chosen["decode_read"] > 0, chosen  # warm turns through the prefill (local_prefill_tokens 0)
+    share = _query(prom, f'sum by (index) (pdctl_router_retained_blocks{{deployment="{topo.name}"}}) / max by '
+                         f'(index) (pdctl_router_decode_kv_capacity_blocks{{deployment="{topo.name}"}})')
+    assert share and 0 < float(share[0]["value"][1]) < 1, share  # the conversations' pins on the decode
+    single = _query(prom, f'pdctl_router_kv_releases_total{{deployment="{topo.name}", reason="single_turn", '
+                          'result="sent"}')
+    assert single and float(single[0]["value"][1]) >= 1, single
 
     # The live view reads the same figures without Prometheus.
     with Sampler(topo) as sampler:
@@ -169,11 +181,14 @@ def test_observe_renders_and_a_real_prometheus_scrapes_every_panel(make_topo: Ma
     assert any(k.startswith("miss: prefix_diverged") for k in view.reasons)
     assert view.kv_source.get("decode_read", 0) > 0 and view.moved_tokens_per_turn.get("d_to_p", 0) > 0
     assert set(view.pinned) == {"0"} and view.admission["decode"][2] > 0
+    assert view.kv_choice.get("decode_read", 0) > 0 and view.releases["single_turn"] == 1, view
+    assert view.retained[0].process == "decode-0" and view.retained[0].retained_blocks > 0
     assert [i.process for i in view.instances if i.up] == ["decode-0", "prefill-0", "router"]
     wide = Console(width=100, record=True, color_system=None)
     render_top(view, wide)
     text = wide.export_text()
     assert "TTFT router" in text and "prefix_diverged" in text and "decode-0" in text
+    assert "KV source chosen (warm turns)" in text and "retained KV" in text
     once = CliRunner().invoke(app, ["top", "-t", str(topo_file), "--once", "--interval", "0.5", "--json"])
     assert once.exit_code == 0, once.output
     assert json.loads(once.stdout)["deployment"] == topo.name

@@ -1,13 +1,22 @@
 """`status`'s line on how to reach the router: a port-forward for a router on another machine, the router's own URL
-when it listens on this one (local transport, an address of this machine, or SSH to this machine)."""
+when it listens on this one (local transport, an address of this machine, or SSH to this machine), down to a real
+deployment over a real sshd on 127.0.0.1."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
+from pdctl.cli import app
+from pdctl.lifecycle import down
 from pdctl.lifecycle.watch.status import reach_hint
 from pdctl.plan import entry, plan
 from pdctl.remote.base import Transport
@@ -16,7 +25,9 @@ from pdctl.remote.local import LocalTransport
 from pdctl.remote.ssh import SshTransport
 from pdctl.remote.sshconnect import SshOptions, Target
 from pdctl.topology import load
-from tests.lifecycle.conftest import topology_yaml
+from tests.conftest import free_port
+from tests.lifecycle.conftest import MakeTopo, topology_yaml
+from tests.support.netns import SSHD, prepare_keys
 
 ELSEWHERE = "198.51.100.7"  # TEST-NET-2: never an address of this machine
 
@@ -81,3 +92,62 @@ def test_a_router_on_this_machine_gets_its_url(tmp_path: Path, where: str) -> No
         assert hint == f"router: {url}"
     else:
         assert hint == f"router: {url} on h1, which is this machine: open {url} directly"
+
+
+@pytest.fixture
+def sshd_here(tmp_path: Path) -> Iterator[tuple[int, SshOptions]]:
+    """A real sshd in this machine's own network namespace, on 127.0.0.1: the "SSH to a local sshd" setup."""
+    keys = tmp_path / "sshd-here"
+    client_key = prepare_keys(keys)
+    host_key = keys / "host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+    port = free_port()
+    cfg = keys / "sshd.conf"
+    cfg.write_text(f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {host_key}\nPidFile {keys}/sshd.pid\n"
+                   f"AuthorizedKeysFile {keys}/authorized_keys\nPermitRootLogin prohibit-password\n"
+                   "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                   "MaxSessions 100\nMaxStartups 100\nSubsystem sftp internal-sftp\n")
+    sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=(keys / "sshd.log").open("ab"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert sshd.poll() is None and time.monotonic() < deadline, (keys / "sshd.log").read_text()
+                time.sleep(0.1)
+        config = keys / "ssh_config"
+        config.write_text(f"Host here\n  HostName 127.0.0.1\n  Port {port}\n  User root\n  IdentityFile {client_key}\n")
+        known = keys / "known_hosts"
+        kind, key = host_key.with_suffix(".pub").read_text().split()[:2]
+        known.write_text(f"[127.0.0.1]:{port} {kind} {key}\n")
+        yield port, SshOptions(ssh_config=config, known_hosts=known)
+    finally:
+        sshd.terminate()
+        sshd.wait(10)
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_status_over_ssh_to_this_machine_gives_the_routers_url(
+    make_topo: MakeTopo, sshd_here: tuple[int, SshOptions], node_venv: str, console: Console
+) -> None:
+    """A deployment on a node reached by SSH that is this machine: `status` says to open the router's URL, and it
+    answers there (a port-forward to the router's own port would find it taken)."""
+    port, ssh = sshd_here
+    topo = make_topo(nodes=[{"name": "here", "address": "127.0.0.1", "port": port, "ssh_alias": "here",
+                             "transport": "ssh"}], python_venv=node_venv, placement=("here", "here", "here"))
+    args = ["-t", topo.file, "--ssh-config", str(ssh.ssh_config), "--known-hosts", str(ssh.known_hosts)]
+    try:
+        started = CliRunner().invoke(app, ["up", "--skip-provision", *args])
+        assert started.exit_code == 0, started.output
+        shown = CliRunner().invoke(app, ["status", *args], terminal_width=300)
+        assert shown.exit_code == 0, shown.output
+        url = f"http://127.0.0.1:{topo.router.port}"
+        assert f"router: {url} on here, which is this machine: open {url} directly" in shown.stdout
+        assert "port-forward" not in shown.stdout
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        down(topo, console, ssh=ssh, timeout=10)  # make_topo leaves a node on a port other than 22 to its test

@@ -1,5 +1,5 @@
 """`pdctl doctor` through the CLI on a local host whose hardware tools are the fakes: a checklist, `--json`, and
-exit 1 when something fails, with the fix named."""
+exit 1 when something fails, with the fix named; what `pdctl up` provisions itself is marked `up`, not a failure"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pdctl.cli import app
 from .support import FAKEBIN
 
 
-def _topology(tmp_path: Path, **efa: object) -> Path:
+def _topology(tmp_path: Path, *, efa_required: bool = True, **efa: object) -> Path:
     data = {
         "name": "doc",
         "engine": "vllm",
@@ -25,7 +25,7 @@ def _topology(tmp_path: Path, **efa: object) -> Path:
         "decode": [{"node": "a", "gpus": [1], "port": 18200, "side_channel_port": 15601}],
         "router": {"node": "a", "port": 18000},
         "connector": {"backend": "LIBFABRIC"},
-        "efa": {"required": True, "installer_version": "1.47.0", **efa},
+        "efa": {"required": efa_required, "installer_version": "1.47.0", **efa},
         "python": {"venv": str(tmp_path / "venv"), "vllm_version": "0.26.0"},
         "work_dir": str(tmp_path / "work"),
     }
@@ -49,16 +49,16 @@ def test_doctor_on_a_fresh_gpu_host_lists_what_is_missing(tmp_path: Path, host: 
         "name": "efa installer", "status": "fail", "value": "not installed",
         "fix": "`pdctl up` installs 1.47.0 (set efa.sha256)",
     }
-    assert by_name["python"]["status"] == "fail"
+    assert by_name["python"]["status"] == "up"  # what `up` provisions itself is no failure
     assert by_name["kv_transfer_params streaming"] == {
-        "name": "kv_transfer_params streaming", "status": "fail", "value": "vllm not installed yet",
+        "name": "kv_transfer_params streaming", "status": "up", "value": "vllm not installed yet",
         "fix": "`pdctl up` installs vllm 0.26.0 and patches it if it must",
     }
     assert by_name["prefix check at the prefill"] == {
-        "name": "prefix check at the prefill", "status": "fail", "value": "vllm not installed yet",
+        "name": "prefix check at the prefill", "status": "up", "value": "vllm not installed yet",
         "fix": "`pdctl up` installs vllm 0.26.0 and patches it if it must",
     }
-    assert by_name["model"]["status"] == "fail"
+    assert by_name["model"]["status"] == "fail"  # model.local_dir does not exist: `up` refuses
     assert by_name["ports"]["status"] == "ok"
 
 
@@ -93,3 +93,32 @@ def test_doctor_reports_a_pending_reboot_and_the_way_out(tmp_path: Path, host: P
         "name": "efa module", "status": "fail", "value": "loaded 3.0.0g, installed 3.3.0g",
         "fix": "reboot the node (`pdctl up --allow-reboot`)",
     }
+
+
+def test_what_up_provisions_is_marked_and_does_not_fail(tmp_path: Path, host: Path) -> None:
+    """A GPU host with nothing of pdctl's yet, and the model in place: every missing piece is one `up` installs, so
+    doctor exits 0, marks them, and says `up` does them; the model taken away, it exits 1 again."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    topo = str(_topology(tmp_path, efa_required=False))
+    result = CliRunner().invoke(app, ["doctor", "-t", topo, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    statuses = {c["name"]: c["status"] for c in report["hosts"][0]["checks"]}
+    assert report["ok"] is True
+    marked = sorted(n for n, st in statuses.items() if st == "up")
+    assert marked == ["kv_transfer_params streaming", "nixl", "pdctl", "prefix check at the prefill", "python",
+                      "vllm"]
+    assert "fail" not in statuses.values() and statuses["model"] == "ok"
+
+    text = CliRunner().invoke(app, ["doctor", "-t", topo], terminal_width=200)
+    assert text.exit_code == 0
+    assert re.search(r"↑\s+vllm\s+vllm missing\s+`pdctl up` installs", text.stdout)
+    assert text.stdout.rstrip().endswith("all checks pass; `pdctl up` does the 6 marked ↑")
+
+    (model / "config.json").unlink()
+    failing = CliRunner().invoke(app, ["doctor", "-t", topo], terminal_width=200)
+    assert failing.exit_code == 1
+    assert re.search(r"✗\s+model", failing.stdout)
+    assert failing.stdout.rstrip().endswith("some checks fail: see the last column; `pdctl up` does the 6 marked ↑")

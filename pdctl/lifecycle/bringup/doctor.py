@@ -1,6 +1,10 @@
 """`pdctl doctor`: the facts and the dry run of provisioning, as a checklist per host: what is there, what is
 missing, what `pdctl up` would change (each operation's first change) and what to do.
 
+What is missing but `pdctl up` provisions itself (a venv, vLLM and NIXL, pdctl's wheel, pdctl's patch, the model
+download) is marked `up`, not `fail`, when the dry run of that step says `up` would do it: doctor exits 1 only for
+what `up` would stop at or cannot fix.
+
 Doctor reads its facts and the operations' in one round trip per host, then previews every operation on them
 (`provision.preview`); where a check asks what an operation asks ("is it done?"), the operation answers.
 """
@@ -36,8 +40,9 @@ from pdctl.remote.fanout import parallel
 from pdctl.remote.sshconnect import SshOptions
 from pdctl.topology import Topology
 
-Status = Literal["ok", "fail", "info"]
+Status = Literal["ok", "fail", "up", "info"]  # up: missing, and `pdctl up` provisions it
 GIB = 1 << 30
+UP_MARK = "↑"
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,9 @@ class HostChecks:
     node: str
     checks: list[Check] = field(default_factory=list)
 
-    def add(self, name: str, ok: bool | None, value: str, fix: str = "") -> None:
-        status: Status = "info" if ok is None else "ok" if ok else "fail"
+    def add(self, name: str, ok: bool | None, value: str, fix: str = "", *, by_up: bool = False) -> None:
+        """`by_up`: when not ok, `pdctl up` does it (status `up`, not `fail`)."""
+        status: Status = "info" if ok is None else "ok" if ok else "up" if by_up else "fail"
         self.checks.append(Check(name, status, value, "" if ok else fix))
 
 
@@ -66,11 +72,16 @@ class DoctorReport:
     def ok(self) -> bool:
         return all(c.status != "fail" for h in self.hosts for c in h.checks)
 
+    @property
+    def for_up(self) -> int:
+        """Checks that are missing and that `pdctl up` provisions."""
+        return sum(c.status == "up" for h in self.hosts for c in h.checks)
+
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "hosts": [asdict(h) for h in self.hosts]}
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        mark = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "info": "[dim]·[/]"}
+        mark = {"ok": "[green]✓[/]", "fail": "[red]✗[/]", "up": f"[cyan]{UP_MARK}[/]", "info": "[dim]·[/]"}
         for host in self.hosts:
             table = Table(title=f"[bold]{escape(host.node)}[/]", title_justify="left", show_header=False, box=None)
             for c in host.checks:
@@ -105,6 +116,8 @@ def host_checks(
         return values[fact.key()]
 
     done = {p.name: p.error is None and not p.changes for p in previews}
+    # the steps `up` would run: each changes something, or decides once an earlier step has changed the host
+    does = {p.name for p in previews if p.changes or p.after_changes}
 
     topo, out = ctx.topo, HostChecks(ctx.node.name)
     os_info = get(OsRelease())
@@ -119,14 +132,14 @@ def host_checks(
                 if gpus.gpus else gpus.error or "none", "install the NVIDIA driver; check `nvidia-smi` on the node")
         out.add("driver", gpus.driver is not None, gpus.driver or "none", "install the NVIDIA driver")
         _memory_checks(ctx, get(GpuMemory()), out)
-    _python_checks(ctx, get, out, done)
+    _python_checks(ctx, get, out, done, does)
     if ctx.vllm:
         snap = get(model.snapshot_fact(ctx))
         local = topo.model.local_dir
         out.add("model", done.get("model.download", snap.present),
                 snap.path or (f"{local} has no config.json" if local else f"{topo.model.id} not found"),
                 f"copy the model to {local} (`pdctl up` refuses without it), or unset model.local_dir to download "
-                "model.id" if local else "`pdctl up` downloads it")
+                "model.id" if local else "`pdctl up` downloads it", by_up="model.download" in does)
     ports = node_ports(ctx, specs)
     busy = [p for p in ports if p in get(ListeningPorts())]
     holders = values.get(PortHolders(ports).key()) if busy else None
@@ -203,11 +216,11 @@ SLURM_MEMLOCK_FIX = (
 )
 
 
-def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, bool]) -> None:
+def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, bool], does: set[str]) -> None:
     reqs = python.requirements(ctx)
     venv = get(python.venv_state(ctx, tuple(r.name for r in reqs)))
     out.add("python", venv.python is not None, f"{ctx.venv_dir}: Python {venv.python}" if venv.python
-            else f"no venv at {ctx.venv_dir}", "`pdctl up` creates it")
+            else f"no venv at {ctx.venv_dir}", "`pdctl up` creates it", by_up="python.venv" in does)
     for req in reqs:
         have = venv.version(req.name)
         good = python.satisfied(req, venv)
@@ -216,12 +229,14 @@ def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, b
             backend = ctx.topo.connector.backend
             good = good and backend in venv.nixl_plugins
             value += f" (plugins: {', '.join(venv.nixl_plugins) or 'none'})"
-        out.add(req.name, good, value, f"`pdctl up` installs {req} (with its {ctx.topo.connector.backend} plugin)")
+        out.add(req.name, good, value, f"`pdctl up` installs {req} (with its {ctx.topo.connector.backend} plugin)",
+                by_up="python.packages" in does)
     if ctx.venv and (ctx.runs_pdctl or ctx.vllm):
         have = venv.version("pdctl")
         shipped = done.get("pdctl.ship", have == pdctl.__version__)  # the same wheel, not only the same version
         build = ", another build" if have == pdctl.__version__ and not shipped else ""
-        out.add("pdctl", shipped, f"{have or 'missing'} (CLI {pdctl.__version__}{build})", "`pdctl up` ships it")
+        out.add("pdctl", shipped, f"{have or 'missing'} (CLI {pdctl.__version__}{build})", "`pdctl up` ships it",
+                by_up="pdctl.ship" in does)
     if not ctx.vllm:
         return
     rows = [("kv_transfer_params streaming", "pin vLLM 0.33.0 or 0.26.0")]
@@ -230,12 +245,15 @@ def _python_checks(ctx: Context, get: Any, out: HostChecks, done: Mapping[str, b
     if venv.version("vllm") is None:
         for name, _ in rows:
             out.add(name, False, "vllm not installed yet",
-                    f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must")
+                    f"`pdctl up` installs vllm {ctx.topo.python.vllm_version} and patches it if it must",
+                    by_up="vllm.compat" in does)
         return
     state = get(VllmCompat(ctx.python))
     for (name, fix), word in zip(rows, (state.streaming, state.prefix_check) if state else (None, None), strict=False):
         good = word in ("native", "patched")
-        out.add(name, good, word or "unknown", "`pdctl up` applies pdctl's patch" if word == "needs-patch" else fix)
+        patch = word == "needs-patch"
+        out.add(name, good, word or "unknown", "`pdctl up` applies pdctl's patch" if patch else fix,
+                by_up=patch and "vllm.compat" in does)
 
 
 def _same_versions(reports: dict[str, HostChecks], ctxs: list[Context], versions: dict[str, dict[str, str]]) -> None:

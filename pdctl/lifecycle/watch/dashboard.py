@@ -74,6 +74,35 @@ PANELS: tuple[Panel, ...] = (
     Panel("KV source per turn", "Where each turn's prompt KV came from: read back from the decode (D->P), the "
           "decode's own cache (a local turn), whole on a prefill, or recomputed.", "ops",
           (Query(_rate("pdctl_router_turn_kv_source_total", by="source"), "{{source}}"),)),
+    Panel("KV source chosen per warm turn", "The cost model's choice for each warm turn: the decode alone "
+          "(decode_cache), the prefill reading the history from the decode (decode_read), or recomputing it "
+          "(recomputed); and why the decode alone was refused (its step would break router.itl_slo_ms, a prefill "
+          "was cheaper, over router.local_prefill_tokens).", "ops",
+          (Query(_rate("pdctl_router_kv_choice_total", by="source"), "{{source}}"),
+           Query(_rate("pdctl_router_kv_choice_local_refused_total", by="why"), "decode alone refused: {{why}}"))),
+    Panel("KV choice: predicted vs measured TTFT", "The time to first token the cost model predicted for the "
+          "turns it chose, against the router's measurement of them (streamed turns), and the p90 of "
+          "|measured - predicted|.", "s",
+          (Query(f"histogram_quantile(0.5, sum by (le, kind) (rate(pdctl_router_kv_choice_ttft_seconds_bucket"
+                 f"{{{DEPLOYMENT}}}[{RATE}])))", "{{kind}} p50"),
+           Query(f"histogram_quantile(0.9, sum by (le) (rate(pdctl_router_kv_choice_error_seconds_bucket"
+                 f"{{{DEPLOYMENT}}}[{RATE}])))", "|error| p90"))),
+    Panel("Retained KV per decode", "The decode's KV held by retained blocks (kept for a conversation's next turn): "
+          "each router's pins and all routers' together, against the decode's blocks in all, next to the "
+          "decode's KV use as the router polls it (retain_high_kv: where releasing starts).", "percentunit",
+          (Query(f"pdctl_router_retained_blocks{{{DEPLOYMENT}}} / pdctl_router_decode_kv_capacity_blocks"
+                 f"{{{DEPLOYMENT}}}", "{{process}} pins, decode {{index}}"),
+           Query(f"sum by (index) (pdctl_router_retained_blocks{{{DEPLOYMENT}}}) / max by (index) "
+                 f"(pdctl_router_decode_kv_capacity_blocks{{{DEPLOYMENT}}})", "all routers' pins, decode {{index}}"),
+           Query(f"max by (index) (pdctl_router_decode_kv_usage{{{DEPLOYMENT}}})", "KV used, decode {{index}}"))),
+    Panel("Retention releases", "Retained KV released, by why: pressure (the decode above retain_high_kv, or "
+          "requests waiting on it), single_turn (a conversation's last turn), reclaimed_at_start (an earlier "
+          "router's pins), replaced, unread, shutdown.", "ops",
+          (Query(_rate("pdctl_router_kv_releases_total", 'result="sent"', by="reason"), "{{reason}}"),)),
+    Panel("Retained handles and release queue", "Each router's live handles per decode (each pins a "
+          "conversation's KV there), and its releases submitted and not yet done.", "none",
+          (Query(f"pdctl_router_retained_handles{{{DEPLOYMENT}}}", "{{process}} handles, decode {{index}}"),
+           Query(f"pdctl_router_release_queue{{{DEPLOYMENT}}}", "{{process}} release queue"))),
     Panel("KV moved per turn (tokens)", "Per turn through a prefill: tokens the prefill read from the decode "
           "(d_to_p) and the prompt KV it offered the decode (p_to_d).", "none",
           (Query(f"{_rate('pdctl_router_kv_moved_tokens_sum', by='direction')} / "
