@@ -74,7 +74,9 @@ class Router(Strict):
         ITL_SLO_MS,
         gt=0,
         description="local_policy cost: the decode's inter-token latency budget in ms. A warm turn whose prefill on "
-        "its decode would stall that decode's other streams for longer than this goes through a prefill instead.",
+        "its decode would stall that decode's other streams for longer than this goes through a prefill instead. "
+        "On simulated engines it is modelled time: the router, which times their steps in wall time, is given "
+        "itl_slo_ms / sim.speed. pdctl bench --slo itl_p99=MS sets it for the legs it deploys.",
     )
 
     release: bool = Field(

@@ -3,6 +3,7 @@ warm turn's KV comes from in each case, and the rates it predicts with."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -170,6 +171,35 @@ def test_a_step_predicted_near_the_itl_budget_keeps_headroom_for_the_largest_gap
     c = choose(turn(8000, 1200, streams=3), FAST, FLOOR, SLO, CAP)
     assert (c.source, c.refused) == (DECODE_READ, "itl")
     assert choose(turn(8000, 1000, streams=3), FAST, FLOOR, SLO, CAP).refused != "itl"  # 145 ms: within
+
+
+def test_the_way_through_the_prefill_is_compared_as_its_turns_measured_against_their_predictions() -> None:
+    # 1000 tokens beside one stream: a 145 ms step, within the ITL budget; 145 ms of TTFT + 125 ms of stall
+    # against 457.5 ms predicted through a prefill with 2000 tokens queued. Those turns measured at a third of
+    # their predictions (the prefill's own cache held the history the model priced as a read): the prefill is
+    # the cheaper way.
+    t = turn(8000, 1000, streams=1, prefill_queued=2000)
+    local = choose(t, FAST, FLOOR, SLO, CAP)
+    assert (local.source, local.ttft_ms, local.others_ms) == (DECODE_CACHE, 145.0, 125.0)
+    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP)
+    assert (c.source, c.refused, c.ttft_ms) == (DECODE_READ, "slower", 457.5)  # it says the model's prediction
+    rates = Rates(lambda: 1.0)
+    assert rates.bias("prefill") == 1.0  # not measured: no correction
+    for _ in range(MIN_SAMPLES):
+        rates.predicted("prefill", 600.0, 200.0)
+    assert round(rates.bias("prefill"), 3) == round(1 / 3, 3) and rates.bias("local") == 1.0
+    rates.predicted("local", 10.0, 1e6)  # one stalled turn moves the bias at most to BIAS_RANGE's bound
+    rates.predicted("local", 10.0, 1e6)
+    assert rates.bias("local") == 4.0
+    assert (rates.snapshot()["bias"]) == {"prefill": round(1 / 3, 3), "local": 4.0}
+
+
+def test_local_turns_slower_than_predicted_tighten_the_itl_check_and_faster_ones_never_relax_it() -> None:
+    t = turn(8000, 800, streams=3)  # 20 + 100 ms: within 150 ms
+    assert choose(t, FAST, FLOOR, SLO, CAP).refused != "itl"
+    assert choose(t, replace(FAST, local_bias=1.5), FLOOR, SLO, CAP).refused == "itl"  # 20 + 150 ms
+    big = turn(8000, 1200, streams=3)  # 20 + 150 ms: over, however fast local turns came in
+    assert choose(big, replace(FAST, local_bias=0.5), FLOOR, SLO, CAP).refused == "itl"
 
 
 def test_a_rate_counts_after_its_samples_and_until_it_goes_stale() -> None:

@@ -49,7 +49,8 @@ def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: in
         return Speeds(p, None, None, None, None)
     d = rates.engine(decode.url, decode.generation)
     return Speeds(p, d.compute_line(context, now), rates.pair_line(D_TO_P, decode.url, prefill.url),
-                  rates.pair_line(P_TO_D, prefill.url, decode.url), d.step_ms(streams + 1, now))
+                  rates.pair_line(P_TO_D, prefill.url, decode.url), d.step_ms(streams + 1, now),
+                  rates.bias("prefill"), rates.bias("local"))
 
 
 def local(rates: Rates, decode: Upstream, prefill: Upstream, held: int, missing: int, floor: int, slo_ms: float,
@@ -135,6 +136,7 @@ class Choices:
         if measured_s is None:
             return
         self._ttft[c.source, "measured"].observe(measured_s)
+        self.rates.predicted("local" if c.source == DECODE_CACHE else "prefill", c.ttft_ms, measured_s * 1000)
         err = measured_s * 1000 - c.ttft_ms
         self.errors.append(err)
         self.error.observe(abs(err) / 1000)

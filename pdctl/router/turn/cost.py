@@ -15,10 +15,12 @@ measures (rates.py: each a line, fixed ms + ms a token) and the load it has in f
                   it holds the history (pdctl.prefix_check); the prediction assumes it does not
 
 It picks the least TTFT plus stall to the other streams (their count x the stall) among the sources within the
-ITL budget. Between a read and a recompute the choice is the read's break-even (`min_read`): the fewest tokens
-beyond the prefill's own cache worth reading, given to the prefill with the handle: a link no faster a token
-than the prefill's compute never reads; else from the read's fixed cost over what it saves a token. Reads seen at
-one size only (no fixed part fitted yet) that were slower than compute move the break-even to twice that size, so
+ITL budget, each way's TTFT scaled by how its recent turns measured against their predictions (Speeds.via_bias,
+local_bias: the prefill's own cache, which the router cannot see, makes the way through it cheaper than predicted).
+Between a read and a recompute the choice is the read's break-even (`min_read`): the fewest tokens beyond the
+prefill's own cache worth reading, given to the prefill with the handle: a link no faster a token than the
+prefill's compute never reads; else from the read's fixed cost over what it saves a token. Reads seen at one size
+only (no fixed part fitted yet) that were slower than compute move the break-even to twice that size, so
 longer histories still read and show whether the link's cost is its fixed part.
 router.min_read_tokens is the floor of the break-even (and, where the read's fixed cost is not measured, that
 cost in tokens of compute; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
@@ -74,6 +76,12 @@ class Speeds:
     read: Line | None
     pull: Line | None
     step_ms: float | None
+    # What the turns each way measured against what the model predicted (measured / predicted TTFT, recent turns;
+    # 1: not yet measured). The way through a prefill is charged a read of the whole history the decode holds; the
+    # prefill's own cache, which the router cannot see, often holds most of it: such turns come in at a third of
+    # their prediction, which alone would run turns on the decode that a prefill serves as fast.
+    via_bias: float = 1.0
+    local_bias: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,14 +145,18 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
         return _refused(via, "cap")
     if s.local is None or via.ttft_ms is None or s.step_ms is None:
         return unmeasured(t, via)
-    stall = t.missing * s.local.per_token_ms
+    # A local turn's own TTFT is about the step that computes its prompt: where those came in slower than
+    # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
+    per_token = s.local.per_token_ms * max(1.0, s.local_bias)
+    stall = t.missing * per_token
     step = s.step_ms
     # The prompts already queued on the decode (other local turns before their first token) share those steps.
-    if t.streams > 0 and step + stall + t.decode_queued * s.local.per_token_ms > ITL_HEADROOM * itl_slo_ms:
+    if t.streams > 0 and step + stall + t.decode_queued * per_token > ITL_HEADROOM * itl_slo_ms:
         return _refused(via, "itl")
     local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
-    if local_ttft + others <= via.ttft_ms:
+    # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
+    if local_ttft * s.local_bias + others <= via.ttft_ms * s.via_bias:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)
     return _refused(via, "slower")
 

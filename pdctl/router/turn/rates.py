@@ -16,6 +16,9 @@ wait for its completion), the per-token part the engine's or the link's speed.
     step      ms per output token of a decode's streams, by the streams in flight there (STREAM_BUCKETS): a
               relayed stream's (last - first byte) / (tokens - 1), its ITL as the router sees it
 
+    bias      per way (local: the decode alone; prefill: through a prefill), the cost model's measured / predicted
+              TTFT of the turns it chose that way (BIAS_RANGE bounds a sample)
+
 Each counts once it has MIN_SAMPLES samples and stops counting STALE_S after its last one (the model then falls
 back to its safe default, which runs turns that measure it again). A decode or prefill that restarted (a new
 generation in its pool) starts from nothing: its rates and its pairs' are dropped.
@@ -34,6 +37,7 @@ CONTEXT_BUCKETS = (2048, 8192, 32768)  # bucket i: context <= CONTEXT_BUCKETS[i]
 STREAM_BUCKETS = 7  # 1, 2-3, 4-7, ..., 64+ streams in flight
 MIN_TOKENS = 32  # fewer tokens in a sample say more about the fixed costs than about a rate
 SPREAD = 0.25  # a fixed part is fitted once the sizes seen spread at least this much (std / mean)
+BIAS_RANGE = (0.25, 4.0)  # a turn's measured / predicted TTFT, bounded: one stalled turn moves the bias this far
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,7 @@ class Rates:
         self.clock = clock
         self._engines: dict[str, EngineRates] = {}
         self._pairs: dict[tuple[str, str, str], Fit] = {}  # (direction, from url, to url)
+        self._bias: dict[str, Ewma] = {}  # "local" | "prefill" -> measured / predicted TTFT
 
     def engine(self, url: str, generation: int) -> EngineRates:
         """The engine's rates for this generation: a new generation (a restart) starts from nothing, its pairs too."""
@@ -204,6 +209,19 @@ class Rates:
         if tokens >= MIN_TOKENS and seconds > 0:
             self.pair(direction, src, dst).add(tokens, seconds * 1000, self.clock())
 
+    def predicted(self, way: str, predicted_ms: float, measured_ms: float) -> None:
+        """A turn the model sent `way` ("local" or "prefill") came in at `measured_ms` against `predicted_ms`."""
+        if predicted_ms > 0 and measured_ms > 0:
+            lo, hi = BIAS_RANGE
+            ratio = min(hi, max(lo, measured_ms / predicted_ms))
+            self._bias.setdefault(way, Ewma()).add(ratio, self.clock())
+
+    def bias(self, way: str) -> float:
+        """How that way's turns measured against their predictions lately (1.0: not measured, or stale)."""
+        e = self._bias.get(way)
+        v = e.get(self.clock()) if e is not None else None
+        return v if v is not None else 1.0
+
     def forget(self, url: str) -> None:
         """An engine gone from the pools: its rates and its pairs' go too."""
         self._engines.pop(url, None)
@@ -211,7 +229,7 @@ class Rates:
             del self._pairs[key]
 
     def snapshot(self) -> dict[str, object]:
-        """What /stats shows: each measured rate (rounded), by engine and by pair."""
+        """What /stats shows: each measured rate (rounded), by engine and by pair, and each way's bias."""
         now = self.clock()
         engines: dict[str, object] = {}
         for url, e in self._engines.items():
@@ -223,7 +241,8 @@ class Rates:
         pairs = [{"direction": d, "from": s, "to": t, "tokens_per_s": round(v.tokens_per_s, 1),
                   "fixed_ms": round(v.fixed_ms, 2)}
                  for (d, s, t), w in self._pairs.items() if (v := w.line(now)) is not None]
-        return {"engines": engines, "links": pairs}
+        bias = {way: round(b, 3) for way, e in self._bias.items() if (b := e.get(now)) is not None}
+        return {"engines": engines, "links": pairs, "bias": bias}
 
     def gauges(self) -> list[tuple[str, str, str, float]]:
         """(kind, engine or pair, bucket, value) of every measured rate, for /metrics."""
