@@ -88,9 +88,13 @@ class ReleaseMetrics:
         self.sent: Tally[str] = Tally()
         self.failed = 0
         self.results: Tally[tuple[str, str]] = Tally()  # (reason, result) -> releases
+        self._children: dict[tuple[str, str], Any] = {}  # label children, looked up once
 
     def count(self, reason: str, result: str) -> None:
-        self.counter.labels(reason, result).inc()
+        child = self._children.get((reason, result))
+        if child is None:
+            child = self._children[(reason, result)] = self.counter.labels(reason, result)
+        child.inc()
         self.results[(reason, result)] += 1
         if result == "sent":
             self.sent[reason] += 1

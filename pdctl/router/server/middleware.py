@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,7 +44,7 @@ class RequestId:
             return
         t0 = time.perf_counter()
         path = scope["path"]
-        ctx = RequestContext(uuid.uuid4().hex, t0, scope["method"], path, scope["headers"],
+        ctx = RequestContext(os.urandom(16).hex(), t0, scope["method"], path, scope["headers"],
                              scope.get("query_string", b""), self.routes.match(path), NO_BODY)
         scope[SCOPE_KEY] = ctx
         header = (b"x-request-id", ctx.rid.encode())

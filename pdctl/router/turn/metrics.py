@@ -6,6 +6,7 @@ import time
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -101,6 +102,8 @@ class RouterMetrics:
         for outcome, reason in REUSE_PAIRS:
             self.reuse.labels(outcome, reason)
         self.releases = ReleaseMetrics(r)
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._reuse: dict[tuple[str, str], Any] = {}
         self.started = time.monotonic()
         self.requests_total = 0
         self.outcomes: Tally[str] = Tally({"hit": 0, "partial": 0, "miss": 0})
@@ -115,7 +118,12 @@ class RouterMetrics:
 
     def request(self, route: str, status: int) -> None:
         self.requests_total += 1
-        self.requests.labels(route, str(status)).inc()
+        child = self._requests.get((route, status))
+        if child is None:  # label children looked up once per (route, status): the lookup costs more than inc()
+            if len(self._requests) >= 4096:
+                self._requests.clear()
+            child = self._requests[(route, status)] = self.requests.labels(route, str(status))
+        child.inc()
 
     def reuse_outcome(self, outcome: str, reason: str, tokens: int, eligible: bool, read: int | None = None,
                       cached: int | None = None) -> None:
@@ -127,7 +135,10 @@ class RouterMetrics:
             now = time.monotonic()
             self.recent.append((now, outcome != "miss"))
             self._forget(now)
-        self.reuse.labels(outcome, reason).inc()
+        child = self._reuse.get((outcome, reason))
+        if child is None:
+            child = self._reuse[(outcome, reason)] = self.reuse.labels(outcome, reason)
+        child.inc()
         self._sources[kv_source(outcome, reason, read, cached)].inc()
         if tokens:
             self.reused_tokens.inc(tokens)

@@ -67,7 +67,12 @@ class LeanClient(httpx.AsyncClient):
             resp = await self._exchange(url, content, headers, timeout)
             if resp is not None:
                 try:
-                    await resp.aread()
+                    stream = resp.stream
+                    if isinstance(stream, Body) and "content-encoding" not in resp.headers:
+                        # The whole body straight from the transport: aread() would pass each chunk through
+                        # aiter_bytes, a content decoder and aiter_raw for an identity-encoded body.
+                        resp._content = b"".join([chunk async for chunk in stream])
+                    await resp.aread()  # a no-op once the content is set
                 finally:
                     await resp.aclose()
                 return resp
