@@ -90,7 +90,7 @@ class KvChoiceStats:
     itl_slo_ms: float
     mix: Mapping[str, int] = field(default_factory=dict)  # source chosen -> turns (decode_cache, decode_read, ...)
     basis: Mapping[str, int] = field(default_factory=dict)  # model | default (rates not yet measured) -> turns
-    local_refused: Mapping[str, int] = field(default_factory=dict)  # itl | slower | cap | unmeasured -> turns
+    local_refused: Mapping[str, int] = field(default_factory=dict)  # itl | stall | slower | cap | unmeasured -> turns
     measured_turns: int = 0  # model-chosen streamed turns whose TTFT was compared with the prediction
     error_window: int = 0  # of them, the last this many are summarised below
     error_mean_ms: float = 0.0  # measured - predicted TTFT, mean (> 0: the model is optimistic)

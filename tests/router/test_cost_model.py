@@ -14,8 +14,8 @@ from pdctl.router.config import RouterConfig
 from pdctl.router.turn import choices
 from pdctl.router.turn.cost import (
     ITL_HEADROOM,
+    LOCAL_STALL_RATIO,
     NEVER_READ,
-    SAFE_LOCAL_TOKENS,
     Choice,
     Speeds,
     Turn,
@@ -60,8 +60,32 @@ def test_a_busy_decode_refuses_a_turn_whose_step_would_break_the_itl_budget() ->
     # The same turn on an idle decode stalls nobody: it runs there.
     assert choose(turn(8000, 2000, streams=0), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
     # A larger budget takes it, unless the stall summed over the streams makes the prefill cheaper.
-    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP)
+    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=0)
     assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")
+
+
+def test_an_idle_decode_takes_a_long_local_turn_that_a_busy_one_refuses_for_its_stall() -> None:
+    # 1000 tokens at 8k/s: a 125 ms stall. Nobody else on the decode: nobody pays it, the turn runs there.
+    idle = choose(turn(8000, 1000), FAST, FLOOR, SLO, CAP)
+    assert (idle.source, idle.refused, idle.others_ms) == (DECODE_CACHE, None, 0.0)
+    # One stream beside it: its 20 ms step would become 145 ms, within the ITL budget (150 ms planned) but 7x the
+    # gap it sees anyway, which a turn through the prefill would not lengthen at all.
+    busy = choose(turn(8000, 1000, streams=1), FAST, FLOOR, SLO, CAP)
+    assert (busy.source, busy.basis, busy.refused) == (DECODE_READ, "model", "stall")
+    assert busy.ttft_ms is not None and busy.others_ms == 0.0  # priced as the prefill path it takes
+    # The bound is the ratio: 32 tokens stall 4 ms, a 24 ms step, 1.2x; one token more is over it.
+    assert LOCAL_STALL_RATIO == 1.2
+    assert choose(turn(8000, 32, streams=3), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
+    assert choose(turn(8000, 33, streams=3), FAST, FLOOR, SLO, CAP).refused == "stall"
+    # A slower decode step is the larger gap its streams see anyway: the same stall is a smaller share of it.
+    assert choose(turn(8000, 100, streams=3), replace(FAST, step_ms=80.0), FLOOR, SLO, CAP).source == DECODE_CACHE
+    assert choose(turn(8000, 100, streams=3), FAST, FLOOR, SLO, CAP).refused == "stall"
+    # Prompts queued on the decode are stall too.
+    assert choose(turn(8000, 16, streams=3, decode_queued=40), FAST, FLOOR, SLO, CAP).refused == "stall"
+    # 0: the ITL budget alone (the model before this bound).
+    queued = turn(8000, 1000, streams=1, prefill_queued=2000)  # the prefill busy: local is the cheaper way
+    assert choose(queued, FAST, FLOOR, SLO, CAP).refused == "stall"
+    assert choose(queued, FAST, FLOOR, SLO, CAP, stall_ratio=0).source == DECODE_CACHE
 
 
 def test_prompts_already_queued_on_the_decode_count_against_the_itl_budget() -> None:
@@ -72,9 +96,9 @@ def test_prompts_already_queued_on_the_decode_count_against_the_itl_budget() -> 
 
 
 def test_a_small_stall_on_a_lightly_loaded_decode_stays_local() -> None:
-    c = choose(turn(8000, 100, streams=2), FAST, FLOOR, SLO, CAP)
+    c = choose(turn(8000, 24, streams=2), FAST, FLOOR, SLO, CAP)  # 3 ms on a 20 ms step
     assert c.source == DECODE_CACHE
-    assert c.others_ms == 2 * 100 / 8000 * 1000
+    assert c.others_ms == 2 * 24 / 8000 * 1000
 
 
 def test_local_prefill_tokens_caps_what_runs_on_the_decode() -> None:
@@ -86,7 +110,7 @@ def test_local_prefill_tokens_caps_what_runs_on_the_decode() -> None:
 def test_a_decode_busy_with_queued_prompts_sends_the_turn_to_an_idle_prefill() -> None:
     c = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, SLO, CAP)
     assert (c.source, c.refused) == (DECODE_READ, "itl")  # 2.5 s of prompts to compute there first
-    relaxed = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, 10_000.0, CAP)
+    relaxed = choose(turn(8000, 1000, streams=1, decode_queued=20_000), FAST, FLOOR, 10_000.0, CAP, stall_ratio=0)
     assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")  # within the budget, still slower
 
 
@@ -139,7 +163,7 @@ def test_a_read_with_a_measured_fixed_cost_is_made_for_long_histories_only() -> 
 
 def test_rates_not_yet_measured_fall_back_to_the_rule_before_the_model() -> None:
     unknown = Speeds(None, None, None, None, None)
-    c = choose(turn(8000, 200, streams=50), unknown, FLOOR, SLO, CAP)
+    c = choose(turn(8000, 200), unknown, FLOOR, SLO, CAP)
     assert (c.basis, c.min_read, c.ttft_ms, c.refused) == ("default", FLOOR, None, None)  # local_policy load's
     no_local = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
     assert choose(turn(8000, 200), no_local, FLOOR, SLO, CAP).basis == "default"
@@ -148,16 +172,15 @@ def test_rates_not_yet_measured_fall_back_to_the_rule_before_the_model() -> None
     assert choose(turn(8000, 200), no_read, FLOOR, SLO, CAP).basis == "model"  # placement needs no read rate
 
 
-def test_until_the_decode_is_measured_a_long_local_prefill_goes_through_the_prefill() -> None:
-    # Nothing says what 2000 tokens cost in the decode's batch: its streams' ITL is not risked on a guess.
+def test_until_the_decode_is_measured_a_local_prefill_beside_other_streams_goes_through_the_prefill() -> None:
+    # Nothing says what the tokens cost in the decode's batch: its streams' ITL is not risked on a guess.
     for speeds in (Speeds(None, None, None, None, None),  # nothing measured yet
                    Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0),  # the decode's compute not
                    Speeds(per_s(8000), per_s(8000), per_s(200_000), per_s(400_000), None)):  # its step not
         c = choose(turn(8000, 2000, streams=4), speeds, FLOOR, SLO, CAP)
         assert (c.source, c.basis, c.refused) == (DECODE_READ, "default", "unmeasured")
-        assert choose(turn(8000, SAFE_LOCAL_TOKENS + 1, streams=1), speeds, FLOOR, SLO, CAP).refused == "unmeasured"
-        short = choose(turn(8000, SAFE_LOCAL_TOKENS, streams=4), speeds, FLOOR, SLO, CAP)
-        assert (short.basis, short.refused) == ("default", None)  # short: the load rule places it, as before
+        short = choose(turn(8000, 100, streams=1), speeds, FLOOR, SLO, CAP)
+        assert (short.basis, short.refused) == ("default", "unmeasured")  # short too: a stall of unknown length
         idle = choose(turn(8000, 2000), speeds, FLOOR, SLO, CAP)
         assert (idle.basis, idle.refused) == ("default", None)  # no other stream to stall: as before too
     # Measured, the same turn on an idle decode is the model's to price: it runs there.
@@ -179,9 +202,9 @@ def test_the_way_through_the_prefill_is_compared_as_its_turns_measured_against_t
     # their predictions (the prefill's own cache held the history the model priced as a read): the prefill is
     # the cheaper way.
     t = turn(8000, 1000, streams=1, prefill_queued=2000)
-    local = choose(t, FAST, FLOOR, SLO, CAP)
+    local = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=0)
     assert (local.source, local.ttft_ms, local.others_ms) == (DECODE_CACHE, 145.0, 125.0)
-    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP)
+    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP, stall_ratio=0)
     assert (c.source, c.refused, c.ttft_ms) == (DECODE_READ, "slower", 457.5)  # it says the model's prediction
     rates = Rates(lambda: 1.0)
     assert rates.bias("prefill") == 1.0  # not measured: no correction

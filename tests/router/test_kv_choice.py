@@ -1,7 +1,8 @@
 """The cost model end to end (router process, simulated engines on loopback): the rule before it until its rates
 are measured, then the decode alone on an idle decode, the prefill when the decode's step would break the ITL
-budget, recompute where the read link is slower than compute, the rule before it again for a restarted decode;
-every choice in /stats and /metrics; the simulator's integrity oracle at 0 throughout."""
+budget or outgrow its streams' step by the local turn's stall, recompute where the read link is slower than
+compute, the rule before it again for a restarted decode; every choice in /stats and /metrics; the simulator's
+integrity oracle at 0 throughout."""
 
 from __future__ import annotations
 
@@ -97,6 +98,42 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         assert _metric(r, 'pdctl_router_kv_choice_local_refused_total{why="itl"}') >= 1
         assert _metric(r, 'pdctl_router_kv_choice_ttft_seconds_count{kind="measured"') >= 1
         assert _metric(r, 'pdctl_router_rate{') > 0
+        assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_busy_decode_refuses_a_local_turn_whose_stall_outgrows_its_streams_step(tmp_path: Path) -> None:
+    # An ITL budget nothing breaks: what sends the busy decode's turn through the prefill is its stall alone, a
+    # prefill of ~600 tokens in a batch whose step (the other stream's gap) is a few dozen ms.
+    with (
+        sim_pair(tmp_path, speed=5, threshold=0) as pd,
+        router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
+                       "--local-policy", "cost", "--itl-slo-ms", "100000") as r,
+    ):
+        convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
+        for c in convs:
+            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+        for i in range(10):  # the decode idle: local turns, until every rate the model needs counts
+            if _choice(r)["basis"]["model"]:
+                break
+            assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
+        assert _choice(r)["basis"]["model"], "the model never chose: its rates were not measured"
+        idle = convs[0].turn(" ".join(f"t{i}" for i in range(600)))  # idle: nobody to stall, however long
+        said = KvChoice.parse(idle.headers.get("x-pd-kv-choice"))
+        assert said is not None and (said.source, said.refused) == ("decode_cache", None), said
+
+        other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=150)  # ~1 s of decoding
+        streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
+        streaming.start()
+        _until(lambda: r.stats()["decode"][0]["outstanding"] >= 1, "the other stream never started")
+        busy = convs[1].turn(" ".join(f"u{i}" for i in range(600)))
+        streaming.join()
+        said = KvChoice.parse(busy.headers.get("x-pd-kv-choice"))
+        assert said is not None and (said.source, said.basis, said.refused) == ("decode_read", "model", "stall")
+        assert (busy.outcome, busy.reason) == ("hit", "verified"), busy.reuse
+        assert busy.status == 200 and busy.text
+        _until(lambda: _choice(r)["local_refused"]["stall"] >= 1, f"no refusal counted: {_choice(r)}")
+        assert _choice(r)["local_refused"]["itl"] == 0
+        assert _metric(r, 'pdctl_router_kv_choice_local_refused_total{why="stall"}') == 1
         assert corrupt(pd.prefill, pd.decode) == 0
 
 

@@ -76,8 +76,8 @@ PANELS: tuple[Panel, ...] = (
           (Query(_rate("pdctl_router_turn_kv_source_total", by="source"), "{{source}}"),)),
     Panel("KV source chosen per warm turn", "The cost model's choice for each warm turn: the decode alone "
           "(decode_cache), the prefill reading the history from the decode (decode_read), or recomputing it "
-          "(recomputed); and why the decode alone was refused (its step would break router.itl_slo_ms, a prefill "
-          "was cheaper, over router.local_prefill_tokens).", "ops",
+          "(recomputed); and why the decode alone was refused (its step would break router.itl_slo_ms or lengthen "
+          "the other streams' step past 1.2x it, a prefill was cheaper, over router.local_prefill_tokens).", "ops",
           (Query(_rate("pdctl_router_kv_choice_total", by="source"), "{{source}}"),
            Query(_rate("pdctl_router_kv_choice_local_refused_total", by="why"), "decode alone refused: {{why}}"))),
     Panel("KV choice: predicted vs measured TTFT", "The time to first token the cost model predicted for the "

@@ -6,10 +6,11 @@ gives the rates (rates.py), and each choice with its predicted and measured cost
                                                          decode_read, recomputed) and whether the model chose it
                                                          (model) or the rule before it did (default)
     pdctl_router_kv_choice_local_refused_total{why}     turns the decode alone was refused: itl (its step would
-                                                         break router.itl_slo_ms), slower (a prefill is cheaper),
-                                                         cap (over router.local_prefill_tokens),
-                                                         unmeasured (the decode's costs not yet measured and
-                                                         more than cost.SAFE_LOCAL_TOKENS)
+                                                         break router.itl_slo_ms), stall (it would lengthen the
+                                                         other streams' step past cost.LOCAL_STALL_RATIO x it),
+                                                         slower (a prefill is cheaper), cap (over
+                                                         router.local_prefill_tokens), unmeasured (the decode's
+                                                         costs not yet measured, other streams on it)
     pdctl_router_kv_choice_ttft_seconds{source,kind}    the chosen source's TTFT, kind predicted or measured
     pdctl_router_kv_choice_error_seconds                |measured - predicted| TTFT of the model's choices
     pdctl_router_rate{kind,engine,bucket}               the rates the model predicts with (tokens/s; step_ms: ms)
@@ -38,7 +39,7 @@ from pdctl.router.wire import KvChoice
 _S_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ERROR_WINDOW = 256
 CHOSEN = (DECODE_CACHE, DECODE_READ, RECOMPUTED)
-REFUSALS = ("itl", "slower", "cap", "unmeasured")
+REFUSALS = ("itl", "stall", "slower", "cap", "unmeasured")
 
 
 def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: int, streams: int) -> Speeds:
@@ -101,9 +102,10 @@ class Choices:
                               "recomputed: the prefill computes it) and by basis: model (the cost model) or default "
                               "(its rates not yet measured: the rule before it).", ["source", "basis"], registry=r)
         self.refused = Counter("pdctl_router_kv_choice_local_refused", "Warm turns the decode alone was refused: itl "
-                               "(its step would break router.itl_slo_ms), slower (a prefill is cheaper), cap (over "
-                               "router.local_prefill_tokens), unmeasured (its costs not yet measured, a turn too "
-                               "long to risk).", ["why"], registry=r)
+                               "(its step would break router.itl_slo_ms), stall (it would lengthen the other streams' "
+                               "step past 1.2x it), slower (a prefill is cheaper), cap (over "
+                               "router.local_prefill_tokens), unmeasured (its costs not yet measured, other streams "
+                               "on the decode).", ["why"], registry=r)
         self.ttft = Histogram("pdctl_router_kv_choice_ttft_seconds", "The chosen source's time to first token, "
                               "predicted by the cost model or measured by the router (streamed turns).",
                               ["source", "kind"], buckets=_S_BUCKETS, registry=r)

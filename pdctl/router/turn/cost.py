@@ -6,8 +6,10 @@ measures (rates.py: each a line, fixed ms + ms a token) and the load it has in f
 
     decode_cache  the decode alone: TTFT = local(its queued prompt tokens + missing) + a step. Its prefill is a
                   stall of missing x the local ms a token in every other stream on that decode, whose step (their
-                  ITL) becomes step + that stall + the prompts already queued there: refused when that is over
-                  ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest gap; the prediction is a mean)
+                  ITL) becomes step + that stall + the prompts already queued there: refused ("itl") when that is
+                  over ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest gap; the prediction is a
+                  mean), and ("stall") when it is over LOCAL_STALL_RATIO x the step those streams see anyway: a
+                  turn through the prefill costs them no stall, so a local one may cost them little more than that
     decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = prefill(its queued tokens
                   + missing) + read(held) + pull(held + missing) (P->D) + a step; no stall for the decode's streams
     recomputed    the same, computing `held` at the prefill instead of reading it
@@ -26,9 +28,9 @@ router.min_read_tokens is the floor of the break-even (and, where the read's fix
 cost in tokens of compute; 0: always read), router.local_prefill_tokens the most a turn may lack to run locally.
 
 Until the costs it needs are measured (and again once they go stale) the model is not used: the turn reads past
-min_read_tokens and, when it lacks at most SAFE_LOCAL_TOKENS (or its decode has no other stream), is placed by the
-`load` policy, the behaviour before the model (`basis` "default"); a longer one goes through the prefill (refused
-"unmeasured"): a prefill of unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
+min_read_tokens and, when its decode has no other stream, is placed by the `load` policy, the behaviour before the
+model (`basis` "default"); beside other streams it goes through the prefill (refused "unmeasured"): a prefill of
+unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -41,15 +43,17 @@ from pdctl.router.reasons import DECODE_CACHE, DECODE_READ, RECOMPUTED
 from pdctl.router.turn.rates import Line
 
 NEVER_READ = 1 << 30  # a break-even no history reaches: the link is no faster than recompute
-# The most a warm turn may lack to run on its decode before the model can price it: ~60-90 ms of an H200's step at
-# 2k-32k context (pdctl.sim.steps H200_GRAPHS), well inside an ITL budget of 200 ms, and enough local turns (tool
-# results, short user turns) to measure the decode's rates.
-SAFE_LOCAL_TOKENS = 512
 # The share of router.itl_slo_ms a predicted step may take. The SLO bounds each stream's largest gap (ITL p99), the
 # prediction is a mean: the local line is fitted over a context bucket (2k-8k, 8k-32k) while a step's cost grows
 # with the context each token attends to, and the host adds its own jitter. Planned to the whole budget, the
 # largest gaps came out at 0.9-1.2x it (simulated 1P1D eviction, 3-8 sessions); a quarter kept back covers that.
 ITL_HEADROOM = 0.75
+# The most a local turn may lengthen the step of the decode's other streams, against the step they see anyway (their
+# ordinary gap): a turn through the prefill stalls them not at all (its KV arrives beside their steps), so ON default
+# keeps their ITL within this much of ON via prefill's. Planned to the ITL budget alone, single local turns of
+# 1-2k tokens set each run's largest gap at 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions).
+# In practice: local beside other streams only for a handful of tokens; on a decode with no other stream, any.
+LOCAL_STALL_RATIO = 1.2
 Basis = Literal["model", "default"]
 
 
@@ -94,8 +98,9 @@ class Choice:
     others_ms: float
     basis: Basis
     min_read: int
-    refused: str | None = None  # "itl": it would break the ITL budget; "slower": a prefill is cheaper; "cap";
-    # "unmeasured": over SAFE_LOCAL_TOKENS while the decode's costs are not measured
+    refused: str | None = None  # "itl": it would break the ITL budget; "stall": it would lengthen the other
+    # streams' step past LOCAL_STALL_RATIO x it; "slower": a prefill is cheaper; "cap"; "unmeasured": beside other
+    # streams while the decode's costs are not measured
 
 
 def break_even(prefill: Line | None, read: Line | None, floor: int) -> tuple[int, Basis]:
@@ -137,9 +142,12 @@ def _prefill_ttft(t: Turn, s: Speeds, floor: int, source: str) -> float | None:
     return s.prefill.ms(computed) + history_ms + s.pull.ms(t.held + t.missing) + (s.step_ms or 0.0)
 
 
-def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) -> Choice:
+def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
+           stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
     """The cheapest source within the ITL budget, the decode alone among them when it lacks at most `local_cap`
-    tokens. basis "default" (a cost it needs not measured): the caller places the turn as before the model."""
+    tokens and, beside other streams, lengthens their step at most `stall_ratio` times (0: no such bound, the ITL
+    budget alone). basis "default" (a cost it needs not measured): the caller places the turn as before the
+    model."""
     via = through_prefill(t, s, floor)
     if t.missing > local_cap:
         return _refused(via, "cap")
@@ -151,8 +159,11 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
     stall = t.missing * per_token
     step = s.step_ms
     # The prompts already queued on the decode (other local turns before their first token) share those steps.
-    if t.streams > 0 and step + stall + t.decode_queued * per_token > ITL_HEADROOM * itl_slo_ms:
+    stalled = step + stall + t.decode_queued * per_token
+    if t.streams > 0 and stalled > ITL_HEADROOM * itl_slo_ms:
         return _refused(via, "itl")
+    if t.streams > 0 and stall_ratio > 0 and stalled > stall_ratio * step:
+        return _refused(via, "stall")
     local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
     # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
@@ -162,10 +173,10 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int) ->
 
 
 def unmeasured(t: Turn, via: Choice) -> Choice:
-    """The safe default while a cost the decode's price needs is not measured: a turn lacking at most
-    SAFE_LOCAL_TOKENS, or any on a decode with no other stream to stall, is the `load` policy's to place (basis
-    "default"); a longer one beside other streams goes through the prefill."""
-    if t.missing > SAFE_LOCAL_TOKENS and t.streams > 0:
+    """The safe default while a cost the decode's price needs is not measured: a turn on a decode with no other
+    stream to stall is the `load` policy's to place (basis "default"); beside other streams it goes through the
+    prefill (a stall of unknown length; any prefill in their batch lengthens their step several times over)."""
+    if t.missing > 0 and t.streams > 0:
         return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
     return Choice(via.source, None, 0.0, "default", via.min_read)
 

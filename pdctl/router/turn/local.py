@@ -3,8 +3,8 @@
 It does when that decode lacks at most `local_prefill_tokens` of the prompt (history.py bounds what a request adds
 without tokenizing it; a token-id prompt is compared exactly) and the placement policy (placement.py), given the
 decode's and the chosen prefill's load, agrees; the `cost` policy asks the cost model (cost.py, choices.py), which
-until the rates it needs are measured answers with the `load` policy's rule for a turn lacking at most
-cost.SAFE_LOCAL_TOKENS, and sends a longer one through the prefill. Such a turn skips the prefill hop and
+until the rates it needs are measured answers with the `load` policy's rule on a decode with no other stream, and
+sends the turn through the prefill beside other streams. Such a turn skips the prefill hop and
 both transfers: the decode gets an ordinary request that hits its own prefix cache, and the handle stays pinned for
 the next disaggregated turn. The decision is a value (`Local`, or None: disaggregate); the pipeline runs it.
 """
@@ -64,8 +64,8 @@ def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
         if c.basis == "model":
             return Local(holder, held, missing) if c.source == DECODE_CACHE else None
         if c.refused is not None:
-            return None  # its rates not yet measured and too many tokens to risk a stall (cost.SAFE_LOCAL_TOKENS)
-        policy = "load"  # its rates not yet measured, a short prefill: the rule before the model
+            return None  # its rates not yet measured and other streams on the decode to stall
+        policy = "load"  # its rates not yet measured, nobody else to stall: the rule before the model
     prefill_load = load.load_of(prefill) if prefill is not None else None
     if not placement.run_locally(policy, missing, limit, load.load_of(holder), prefill_load,
                                  cfg.local_busy_streams):
