@@ -141,6 +141,7 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -
         http=protocol_class(limits),
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,  # nothing reads the client's address: no X-Forwarded-* middleware per request
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=max(1, round(config.idle_timeout)),

@@ -5,6 +5,9 @@
 # One stage per device call (docs/gpu-run.md "One H200"):
 #
 #   h200-1gpu-evict.sh receive        move the carried wheelhouse part (./.gpu/wh/parts/partNN) out of the tree
+#   h200-1gpu-evict.sh setup          once: `setup` (scripts/gpu/h200-1gpu.sh) from the carried .gpu/src
+#   h200-1gpu-evict.sh restart        (after setup) a router-only restart under load: scripts/gpu/restart_check.py
+#                                     on a fresh ON deployment ($PDCTL_RESTART_ARGS: its load options), then down
 #   h200-1gpu-evict.sh go SECONDS     once: `setup` (scripts/gpu/h200-1gpu.sh) from the carried .gpu/src; then
 #                                     bench A (off, on-prefill, on) in the background, then bench B (agg), waiting
 #                                     up to SECONDS in all; repeat `go` until both are saved. Every call returns
@@ -48,23 +51,43 @@ save() {  # the bench's report dir and log, the engines' KV-transfer log lines, 
   touch "$base/bench-$name.saved"
 }
 
+ensure_setup() {  # once: setup (scripts/gpu/h200-1gpu.sh) from the carried .gpu/src
+  [ -e "$base/setup.done" ] && return 0
+  for p in "$PWD"/.gpu/wh/parts/part* "$PWD"/.gpu/wh/parts/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
+  echo "commit measured: $(cat "$PWD/.gpu/src/COMMIT")"
+  { date -u; nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > "$base/saved/device.txt" 2>&1
+  bash "$PWD/.gpu/src/scripts/gpu/h200-1gpu.sh" setup > "$base/saved/setup.txt" 2>&1 || {
+    cp "$base/saved/setup.txt" "$out/"; tail -40 "$base/saved/setup.txt"; return 1; }
+  cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
+  touch "$base/setup.done"; tail -5 "$base/saved/setup.txt"
+}
+
 stage=${1:?stage}; shift
 case $stage in
   receive)
     for p in "$PWD"/.gpu/wh/parts/part* "$PWD"/.gpu/wh/parts/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
     ls "$base/parts" | tr '\n' ' '; echo
     ;;
+  setup)
+    ensure_setup
+    ;;
+  restart)
+    # A router-only restart under load (scripts/gpu/restart_check.py): up (ON, fresh engines), a load, `up --set` of
+    # a router setting, the same load, the router SIGKILLed and `up` again, the same load; then down.
+    ensure_setup || exit 1
+    "$cli" up -t "$topo" "${sets[@]}" > "$base/saved/restart-up.txt" 2>&1 || { tail -40 "$base/saved/restart-up.txt"; }
+    tail -4 "$base/saved/restart-up.txt"
+    "$hostpy" "$repo/scripts/gpu/restart_check.py" -t "$topo" --router http://127.0.0.1:8000 --cli "$cli" \
+      "${sets[@]}" ${PDCTL_RESTART_ARGS:-} --json "$base/saved/restart-check.json" 2>&1 | tee "$base/saved/restart-check.txt"
+    "$cli" status -t "$topo" "${sets[@]}" > "$base/saved/restart-status.txt" 2>&1
+    "$cli" down -t "$topo" > "$base/saved/restart-down.txt" 2>&1
+    logs=$(find "$PDCTL_HOME" /root/.pdctl -path '*h200-1gpu-evict/logs' -type d 2>/dev/null | head -1)
+    [ -n "$logs" ] && tar -C "$logs/.." -czf "$base/saved/logs-restart.tgz" logs
+    send_saved
+    ;;
   go)
     deadline=$((SECONDS + ${1:-560}))
-    if [ ! -e "$base/setup.done" ]; then
-      for p in "$PWD"/.gpu/wh/parts/part* "$PWD"/.gpu/wh/parts/SHA256SUMS; do [ -e "$p" ] && mv "$p" "$base/parts/"; done
-      echo "commit measured: $(cat "$PWD/.gpu/src/COMMIT")"
-      { date -u; nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > "$base/saved/device.txt" 2>&1
-      bash "$PWD/.gpu/src/scripts/gpu/h200-1gpu.sh" setup > "$base/saved/setup.txt" 2>&1 || {
-        cp "$base/saved/setup.txt" "$out/"; tail -40 "$base/saved/setup.txt"; exit 1; }
-      cp "$PWD/.gpu/src/COMMIT" "$base/saved/"
-      touch "$base/setup.done"; tail -5 "$base/saved/setup.txt"
-    fi
+    ensure_setup || exit 1
     # shellcheck disable=SC2086  # $benches: the names, split
     run_benches "$deadline" 30 $benches
     for name in $benches; do  # a bench still running: what it has written so far comes back too

@@ -224,16 +224,23 @@ class HandleTable:
             return [], 0
         return [d for d in chain if isinstance(d, str)], step
 
-    def _tail(self, h: Handle) -> int:
-        links, step = self._links(h)
+    def _tail(self, h: Handle, links: list[str], step: int) -> int:
+        """The handle's tokens past its whole chunks (`_links(h)`), in whole blocks."""
         return pinned_tokens(h.num_tokens - len(links) * step, self.block_size)
 
     def _count(self, h: Handle, sign: int) -> None:
         """Add (+1) or take away (-1) the handle's pinned tokens on its decode."""
         url = h.decode_url
         links, step = self._links(h)
+        tokens = self._tail(h, links, step)
+        if not links:  # no chain: the tail is all it pins
+            left = self._pinned.get(url, 0) + sign * tokens
+            if left > 0:
+                self._pinned[url] = left
+            else:
+                self._pinned.pop(url, None)
+            return
         chunks = self._chunks.setdefault(url, Counter())
-        tokens = self._tail(h)
         for d in links:
             before = chunks[d]
             chunks[d] = before + sign
@@ -253,7 +260,7 @@ class HandleTable:
         """What releasing `h` alone would free now: its tail and the chunks no other live handle holds."""
         links, step = self._links(h)
         chunks = self._chunks.get(h.decode_url, Counter())
-        return self._tail(h) + step * sum(1 for d in links if chunks[d] == 1)
+        return self._tail(h, links, step) + step * sum(1 for d in links if chunks[d] == 1)
 
     def _unread(self, h: Handle, reason: str) -> None:
         if self.on_drop is not None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections import Counter as Tally
 from typing import Any
 
@@ -48,6 +48,7 @@ from pdctl import prefix_check
 from pdctl.router import jsonx
 from pdctl.router.kv.handles import PRESSURE, RECLAIMED, REPLACED, SHUTDOWN, SINGLE_TURN, UNREAD, Handle, Pins
 from pdctl.router.kv.pins import pinned_tokens
+from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool
 
 log = logging.getLogger("pdctl.router")
@@ -185,16 +186,20 @@ class Releaser:
                 self._failed(h, reason, "no healthy prefill")
                 return False
             p = min(ups, key=lambda u: u.outstanding)
-            assert self.client is not None
+            client = self.client
+            assert client is not None
+            url, body = f"{p.url}/v1/completions", jsonx.dumps(release_body(h, self.model))
+            headers = {"content-type": "application/json", "x-request-id": f"release-{os.urandom(16).hex()}"}
             try:
-                resp = await self.client.post(
-                    f"{p.url}/v1/completions", content=jsonx.dumps(release_body(h, self.model)), timeout=TIMEOUT_S,
-                    headers={"content-type": "application/json", "x-request-id": f"release-{uuid.uuid4().hex}"})
+                if isinstance(client, LeanClient):  # no httpx.Response: the status is all a release needs
+                    status = (await client.post_whole(url, body, headers, TIMEOUT_S)).status_code
+                else:
+                    status = (await client.post(url, content=body, timeout=TIMEOUT_S, headers=headers)).status_code
             except httpx.HTTPError as e:
                 self._failed(h, reason, f"{p.url}: {type(e).__name__}")
                 return False
-            if resp.status_code != 200:
-                self._failed(h, reason, f"{p.url} answered {resp.status_code}")
+            if status != 200:
+                self._failed(h, reason, f"{p.url} answered {status}")
                 return False
             self.metrics.count(reason, "sent")
             return True

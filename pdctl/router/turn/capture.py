@@ -27,33 +27,45 @@ class Capture:
         self.finished = False
 
     def take(self, obj: dict[str, Any], whole: bool = False) -> None:
-        """Record one parsed chunk (or a whole body) and strip what the client must not see, in place."""
-        params = obj.pop("kv_transfer_params", None)
-        if isinstance(params, dict):
-            self.params = params
-        top = obj.pop("prompt_token_ids", None) if not self.keep_ids else obj.get("prompt_token_ids")
-        if isinstance(top, list):
-            self.prompt_ids = top
+        """Record one parsed chunk (or a whole body) and strip what the client must not see, in place.
+
+        Called for every SSE event of every streamed reply: keys are tested with `in` before they are popped or
+        read (most events carry neither a handle nor usage), which costs less than a pop/get call for each."""
+        if "kv_transfer_params" in obj:
+            params = obj.pop("kv_transfer_params")
+            if isinstance(params, dict):
+                self.params = params
+        if "prompt_token_ids" in obj:
+            top = obj["prompt_token_ids"] if self.keep_ids else obj.pop("prompt_token_ids")
+            if isinstance(top, list):
+                self.prompt_ids = top
         usage = obj.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None and isinstance(usage, dict):
             self._usage(usage)
+        keep_ids = self.keep_ids
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
-            if self.keep_ids:
-                prompt, ids = choice.get("prompt_token_ids"), choice.get("token_ids")
-            else:
-                prompt, ids = choice.pop("prompt_token_ids", None), choice.pop("token_ids", None)
-            if choice.get("index", 0) != 0:
+            prompt = ids = None
+            if "prompt_token_ids" in choice:
+                prompt = choice["prompt_token_ids"] if keep_ids else choice.pop("prompt_token_ids")
+            if "token_ids" in choice:
+                ids = choice["token_ids"] if keep_ids else choice.pop("token_ids")
+            if "index" in choice and choice["index"] != 0:
                 continue
-            if isinstance(prompt, list):
+            if prompt is not None and isinstance(prompt, list):
                 self.prompt_ids = prompt
-            if isinstance(ids, list):
+            if ids is not None and isinstance(ids, list):
                 self.ids_seen = True
                 self.output_ids.extend(ids)
             if choice.get("finish_reason") is not None:
                 self.finished = True
-            self._reply(choice, whole)
+            if not self.chat:
+                text = choice.get("text")
+                if isinstance(text, str):
+                    self.text.append(text)
+            else:
+                self._reply(choice, whole)
 
     def _usage(self, usage: dict[str, Any]) -> None:
         """The client's cached tokens, as vLLM reports them: the decode's own figure counts the prefill's KV it
@@ -120,10 +132,10 @@ class SseRewriter:
         self.done = False  # the stream's `[DONE]` went by: the capture is whole
 
     def feed(self, data: bytes) -> bytes:
-        return b"".join(self._event(e) for e in self._events.feed(data))
+        return b"".join([self._event(e) for e in self._events.feed(data)])
 
     def flush(self) -> bytes:
-        return b"".join(self._event(e) for e in self._events.rest())
+        return b"".join([self._event(e) for e in self._events.rest()])
 
     def _event(self, event: bytes) -> bytes:
         event = event.strip(b"\r\n")

@@ -7,7 +7,6 @@ abandoned request frees its engine slot on both hops, whether it streams or not,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,8 +23,17 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
     """Run `run(send)` to its end, or cancel it when the client disconnects first; True when the client left.
 
     A disconnect after the response's last byte (or an SSE stream's `[DONE]`) is no reason to stop: what follows is
-    the router's bookkeeping (the new handle), and uvicorn reports every completed response as disconnected."""
+    the router's bookkeeping (the new handle), and uvicorn reports every completed response as disconnected.
+
+    `run` runs in the caller's own task; one watcher task waits for the disconnect and cancels the caller's task
+    (no second task for the work, no `asyncio.wait`: two tasks and a wait cost a streamed reply's worth of CPU).
+    The cancellation is the watcher's only while `run` runs (`active`), and is taken back with `uncancel()`, so
+    a cancellation from outside (the server stopping) still propagates."""
     answered = False
+    active = True
+    left = False
+    me = asyncio.current_task()
+    assert me is not None
 
     async def tracked(message: Message) -> None:
         nonlocal answered
@@ -34,20 +42,25 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
             answered = True  # a client may hang up on [DONE], before the stream's empty last message
         await send(message)
 
-    task = asyncio.ensure_future(run(tracked))
-    gone = asyncio.ensure_future(disconnected(receive))
+    def gone(_: asyncio.Future[None]) -> None:
+        nonlocal left
+        if active and not answered and not left:
+            left = True
+            me.cancel()
+
+    watcher = asyncio.ensure_future(disconnected(receive))
+    watcher.add_done_callback(gone)
     try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-        if task.done() or answered:
-            await task
-            return False
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await run(tracked)
+    except asyncio.CancelledError:
+        if not left or me.uncancel() > 0:  # not ours, or ours and another's: the caller is being cancelled
+            raise
         return True
     finally:
-        gone.cancel()
-        if not task.done():  # we were cancelled ourselves
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        active = False
+        watcher.remove_done_callback(gone)
+        watcher.cancel()
+    if left:  # `run` swallowed the cancellation and returned: the client left all the same
+        me.uncancel()
+        return True
+    return False

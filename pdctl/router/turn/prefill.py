@@ -29,6 +29,7 @@ from pdctl.router.errors import error_body, relayed_error
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.verify import Verdict, miss, settle
+from pdctl.router.upstream.client import Whole
 from pdctl.router.upstream.pools import Upstream
 
 log = logging.getLogger("pdctl.router")
@@ -80,14 +81,14 @@ def prefill_request(path: str, body: dict[str, Any], params: dict[str, Any],
 
 
 async def _call(state: RouterState, p: Upstream, path: str, payload: bytes, rid: str,
-                traceparent: tuple[bytes, bytes] | None = None) -> httpx.Response | str:
+                traceparent: tuple[bytes, bytes] | None = None) -> Whole | str:
     """The response, or a short reason when the prefill could not be reached or timed out."""
     headers = {"content-type": "application/json", "x-request-id": rid}
     if traceparent is not None:
         headers["traceparent"] = traceparent[1].decode()
     p.outstanding += 1
     try:
-        return await state.http.post(f"{p.url}{path}", content=payload, headers=headers)
+        return await state.http.post_whole(f"{p.url}{path}", payload, headers)
     except httpx.TimeoutException:
         return "timeout"
     except httpx.HTTPError:

@@ -11,13 +11,20 @@ another transport (tests pass their own), takes httpx's own path unchanged.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from pdctl.router.upstream.transport import Body, FastTransport, Key
 
 _MAX_URLS = 4096  # distinct upstream URLs remembered (engines x paths: a handful in practice)
+
+
+class Whole(NamedTuple):
+    """A whole (non-streamed) answer as the router reads it: its status and its decoded body."""
+
+    status_code: int
+    content: bytes
 
 
 class LeanClient(httpx.AsyncClient):
@@ -45,8 +52,8 @@ class LeanClient(httpx.AsyncClient):
                 u.raw_path, u.host.encode("ascii"), port, self._defaults))
         return got
 
-    async def _exchange(self, url: str, content: bytes, headers: Mapping[str, str] | None,
-                        timeout: float | None = None) -> httpx.Response | None:
+    async def _send_raw(self, url: str, content: bytes, headers: Mapping[str, str] | None,
+                        timeout: float | None = None) -> tuple[int, list[tuple[bytes, bytes]], Body] | None:
         target = self._target(url) if self._fast is not None else None
         if target is None or self._fast is None:
             return None
@@ -56,8 +63,40 @@ class LeanClient(httpx.AsyncClient):
                          if k.lower() not in ("content-length", "transfer-encoding", "host"))
         payload = b"%s%scontent-length: %d\r\n\r\n%s" % (head, extra, len(content), content)
         connect, read = (self._connect_timeout, self._read_timeout) if timeout is None else (timeout, timeout)
-        status, raw, stream = await self._fast.exchange(key, payload, connect, read)
+        return await self._fast.exchange(key, payload, connect, read)
+
+    async def _exchange(self, url: str, content: bytes, headers: Mapping[str, str] | None,
+                        timeout: float | None = None) -> httpx.Response | None:
+        got = await self._send_raw(url, content, headers, timeout)
+        if got is None:
+            return None
+        status, raw, stream = got
         return httpx.Response(status, headers=raw, stream=stream)
+
+    async def post_whole(self, url: str, content: bytes, headers: dict[str, str] | None = None,
+                         timeout: float | None = None) -> Whole:
+        """A POST whose whole answer is read: its status and body. On the fast path no httpx.Response is built
+        (its header normalisation alone costs more than the rest of a small answer); an answer with a
+        `content-encoding` and any other transport take `post`, which decodes it."""
+        got = await self._send_raw(url, content, headers, timeout)
+        if got is not None:
+            status, raw, stream = got
+            if not any(k.lower() == b"content-encoding" for k, _ in raw):
+                try:
+                    return Whole(status, b"".join([chunk async for chunk in stream]))
+                finally:
+                    await stream.aclose()
+            resp = httpx.Response(status, headers=raw, stream=stream)
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
+            return Whole(status, resp.content)
+        if timeout is None:
+            resp = await super().post(url, content=content, headers=headers)
+        else:
+            resp = await super().post(url, content=content, headers=headers, timeout=timeout)
+        return Whole(resp.status_code, resp.content)
 
     async def post(self, url: httpx.URL | str, *, content: Any = None, headers: Any = None,
                    **kwargs: Any) -> httpx.Response:

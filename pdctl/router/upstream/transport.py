@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
 
 import httptools
 import httpx
@@ -80,12 +79,13 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def body(self, timeout: float | None) -> AsyncIterator[bytes]:
+    async def next_chunk(self, timeout: float | None) -> bytes | None:
+        """The body's next chunk as it arrives; None at its end."""
         while True:
-            while self.chunks:
-                yield self.chunks.popleft()
+            if self.chunks:
+                return self.chunks.popleft()
             if self.done:
-                return
+                return None
             if self.error is not None:
                 raise self.error
             self.waiter = asyncio.get_running_loop().create_future()
@@ -128,16 +128,25 @@ async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) 
 
 
 class Body(httpx.AsyncByteStream):
+    """The response body: its own async iterator, not an async generator (each of those is registered with the
+    event loop's asyncgen hooks, a WeakSet add and remove per response). A read that fails or is cancelled closes
+    the connection; one abandoned part way is closed by aclose() (`release` keeps only a connection read whole)."""
+
     def __init__(self, conn: _Conn, timeout: float | None) -> None:
         self.conn, self.timeout = conn, timeout
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self.conn.body(self.timeout):
-                yield chunk
+            chunk = await self.conn.next_chunk(self.timeout)
         except BaseException:
             _close(self.conn)
             raise
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
 
     async def aclose(self) -> None:
         self.conn.pool.release(self.conn)
