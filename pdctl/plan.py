@@ -18,6 +18,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    LOCAL_STALL_RATIO,
     MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
@@ -342,6 +343,8 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
     itl_slo_ms = router_itl_slo_ms(topo)
     if r.local_prefill_tokens and itl_slo_ms != ITL_SLO_MS:
         argv += ["--itl-slo-ms", f"{itl_slo_ms:g}"]
+    if r.local_prefill_tokens and r.local_stall_ratio != LOCAL_STALL_RATIO:
+        argv += ["--local-stall-ratio", f"{r.local_stall_ratio:g}"]
     if not r.release:
         argv.append("--no-release")
     elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:

@@ -212,7 +212,10 @@ def test_cluster_guide_says_unknown_host_keys_are_refused_and_the_flag_exists() 
     assert "**refused**" in keys and "--accept-new-host-keys" in keys
     assert len(commands) >= 5, commands
     for command in commands:
-        result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        # rich sizes the help by COLUMNS, not by the runner's terminal width: a narrow value left in the environment
+        # by anything earlier in the process would cut the option's name short
+        result = CliRunner().invoke(app, [command, "--help"], terminal_width=200,
+                                    env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
         assert result.exit_code == 0 and "--accept-new-host-keys" in result.output, command
 
 

@@ -12,6 +12,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    LOCAL_STALL_RATIO,
     MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
@@ -112,6 +113,14 @@ class RouterConfig:
         ITL_SLO_MS,
         "--local-policy cost: the decode's inter-token latency budget (ms). A warm turn whose prefill on its decode "
         "would make that decode's step (its other streams' ITL) longer than this goes through a prefill.",
+    )
+    local_stall_ratio: float = knob(
+        LOCAL_STALL_RATIO,
+        "--local-policy cost: the most a warm turn on its decode alone may lengthen the step of that decode's other "
+        "streams, against the step they see anyway (a turn through a prefill stalls them not at all); beside other "
+        "streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone (more warm turns "
+        "local: lower TTFT, longer gaps for the other streams; docs/router.md), and before the rates are measured "
+        "a turn lacking at most 512 tokens runs there beside other streams too.",
     )
     api_key: str | None = field(default=None, repr=False)
     """The key clients must send; given as --api-key-env, never in argv."""
@@ -248,6 +257,8 @@ class RouterConfig:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if not self.itl_slo_ms > 0:
             problems.append(f"--itl-slo-ms must be > 0, got {self.itl_slo_ms:g}")
+        if not self.local_stall_ratio >= 0:
+            problems.append(f"--local-stall-ratio must be >= 0 (0: no stall bound), got {self.local_stall_ratio:g}")
         if self.local_busy_streams < 1:
             problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):

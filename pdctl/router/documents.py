@@ -97,9 +97,11 @@ class KvChoiceStats:
     error_abs_p50_ms: float = 0.0
     error_abs_p90_ms: float = 0.0
     rates: Mapping[str, object] = field(default_factory=dict)  # engines (tokens_per_s, step_ms), links
+    local_stall_ratio: float | None = None  # router.local_stall_ratio (0: no stall bound); None: a router before it
 
     def to_json(self) -> dict[str, Any]:
-        return {"itl_slo_ms": self.itl_slo_ms, "mix": dict(self.mix), "basis": dict(self.basis),
+        doc: dict[str, Any] = {} if self.local_stall_ratio is None else {"local_stall_ratio": self.local_stall_ratio}
+        return {"itl_slo_ms": self.itl_slo_ms, **doc, "mix": dict(self.mix), "basis": dict(self.basis),
                 "local_refused": dict(self.local_refused), "measured_turns": self.measured_turns,
                 "error_window": self.error_window, "error_mean_ms": self.error_mean_ms,
                 "error_abs_p50_ms": self.error_abs_p50_ms, "error_abs_p90_ms": self.error_abs_p90_ms,
@@ -111,7 +113,8 @@ class KvChoiceStats:
         return cls(_float(d, "itl_slo_ms"), _counts(d, "mix"), _counts(d, "basis"), _counts(d, "local_refused"),
                    _int(d, "measured_turns"), _int(d, "error_window"), _float(d, "error_mean_ms"),
                    _float(d, "error_abs_p50_ms"), _float(d, "error_abs_p90_ms"),
-                   dict(_object(d.get("rates") or {}, "`kv_choice.rates`")))
+                   dict(_object(d.get("rates") or {}, "`kv_choice.rates`")),
+                   _float(d, "local_stall_ratio") if d.get("local_stall_ratio") is not None else None)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@
         basis         model, or default: its rates were not yet measured and the rule before it chose
         predicted_ms  the model's predicted time to first token (basis model)
         refused       why the decode alone was not chosen: itl (its step would break router.itl_slo_ms),
-                      stall (it would lengthen the other streams' step past 1.2x it), slower (a prefill
-                      was cheaper), cap (over router.local_prefill_tokens), unmeasured (the decode's costs
-                      not yet measured, other streams on it)
+                      stall (it would lengthen the other streams' step past router.local_stall_ratio x
+                      it), slower (a prefill was cheaper), cap (over router.local_prefill_tokens),
+                      unmeasured (the decode's costs not yet measured, other streams on it)
 
 Everything outside pdctl/router/ (status, the smoke test, the bench) reads the router through this module and
 `pdctl.router.config`. It re-exports the reasons and KV sources (pdctl.router.reasons) and the /stats and members

@@ -12,6 +12,7 @@ from pdctl.defaults import (
     LOCAL_BUSY_STREAMS,
     LOCAL_POLICY,
     LOCAL_PREFILL_TOKENS,
+    LOCAL_STALL_RATIO,
     MIN_READ_TOKENS,
     OVERFLOW_KV,
     PIN_BUDGET_FRACTION,
@@ -77,6 +78,16 @@ class Router(Strict):
         "its decode would stall that decode's other streams for longer than this goes through a prefill instead. "
         "On simulated engines it is modelled time: the router, which times their steps in wall time, is given "
         "itl_slo_ms / sim.speed. pdctl bench --slo itl_p99=MS sets it for the legs it deploys.",
+    )
+    local_stall_ratio: float = Field(
+        LOCAL_STALL_RATIO,
+        ge=0,
+        description="local_policy cost: the most a warm turn on its decode alone may lengthen the step of that "
+        "decode's other streams, against the step they see anyway (default 1.2: their ITL stays near ON via "
+        "prefill's; until the decode's rates are measured every turn beside other streams goes through a prefill). "
+        "0: no such bound, itl_slo_ms alone, and a turn lacking at most 512 tokens runs locally before the rates "
+        "are measured: on one H100 before the bound, warm TTFT p90 104 ms against ON via prefill's 451, at 2.1x "
+        "its ITL p99 (106 against 51 ms; docs/results/h100-1gpu-evict).",
     )
 
     release: bool = Field(

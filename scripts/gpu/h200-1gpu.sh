@@ -44,7 +44,10 @@ case $stage in
     rm -rf "$repo" && cp -r "$here" "$repo" || exit 1
     bash "$repo/scripts/gpu/unpack-parts.sh" "$base/parts" "$base/wh" || exit 1
     # the CLI's own deps that the host image lacks, then pdctl itself from this tree
-    "$hostpy" -m pip install -q --no-index --no-deps "$base"/wh/wheels/{paramiko,bcrypt,pynacl,cryptography,cffi,pycparser,invoke,pydantic,pydantic_core,annotated_types,typing_inspection,starlette,uvicorn,httptools,orjson}-*.whl || exit 1
+    # (the newest wheel of each: the wheel list and the CLI's extras may each bring a version)
+    "$hostpy" -m pip install -q --no-index --no-deps $(for n in paramiko bcrypt pynacl cryptography cffi pycparser invoke \
+      pydantic pydantic_core annotated_types typing_inspection starlette uvicorn httptools orjson; do
+      ls "$base"/wh/wheels/"$n"-*.whl | sort -V | tail -1; done) || exit 1
     "$hostpy" -m pip install -q --no-index --no-deps --no-build-isolation "$repo" || exit 1
     "$hostpy" "$repo/scripts/make_dummy_model.py" --arch qwen3-8b --out /root/models/qwen3-8b-dummy || exit 1
     "$cli" --version

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A router-only restart under load on a running deployment: does the next load run as on fresh engines?
 
-Runs against a deployment `pdctl up` has just started (fresh engines), through its router, three loads of the same
-shape with two router restarts between them:
+Runs against a deployment `pdctl up` has just started (fresh engines), through its router, four loads of the same
+shape, with two router restarts before the last two:
 
     fresh        the load on the freshly started engines; it leaves its conversations' KV pinned on the decode
+    again        the same load again, nothing restarted (what a second load gets from the engines as they are)
     up --set     `pdctl up -t TOPOLOGY --set router.handle_ttl=...`: a router setting changed, so `up` restarts the
                  router alone (the engines keep running), then the same load
     SIGKILL+up   the router SIGKILLed (no chance to release anything), `pdctl up` with the same settings starts
@@ -174,10 +175,10 @@ def main() -> None:
     print(f"{args.conversations} conversations x {args.turns} turns of {args.words} words, {args.streams} at a time, "
           f"max_tokens {args.max_tokens}; router {args.router}", flush=True)
     legs: dict[str, Any] = {}
-    for name in ("fresh", "up --set", "SIGKILL+up"):
+    for name in ("fresh", "again", "up --set", "SIGKILL+up"):
         if name == "up --set":
             args.set.append(args.restart_set)
-        leg: dict[str, Any] = restart(name, args.router, args) if name != "fresh" else {}
+        leg: dict[str, Any] = restart(name, args.router, args) if name not in ("fresh", "again") else {}
         leg["load"] = load(args.router, words, args)
         leg["after_load"] = {k: v for k, v in stats(args.router).get("retention", {}).items() if k != "journal"}
         legs[name] = leg

@@ -161,6 +161,22 @@ def test_itl_slo_ms_reaches_the_router_where_it_differs_from_its_default() -> No
         load(ROOT / "configs/local-sim.yaml", ["router.itl_slo_ms=0"])
 
 
+def test_local_stall_ratio_reaches_the_router_only_where_it_differs_from_its_default() -> None:
+    from pdctl.errors import TopologyError
+
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--local-stall-ratio" not in router.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_stall_ratio=1.2"]), SELF_PYTHON)
+    assert "--local-stall-ratio" not in router.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_stall_ratio=0"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--local-stall-ratio") + 1] == "0"
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["router.local_stall_ratio=0",
+                                                                "router.local_prefill_tokens=0"]), SELF_PYTHON)
+    assert "--local-stall-ratio" not in router.argv  # nothing runs on a decode alone: no stall to bound
+    with pytest.raises(TopologyError, match="local_stall_ratio"):
+        load(ROOT / "configs/local-sim.yaml", ["router.local_stall_ratio=-0.5"])
+
+
 def test_the_itl_budget_is_given_to_the_router_on_its_own_clock() -> None:
     # itl_slo_ms is modelled time on simulated engines; the router times their steps in wall time, `speed` times
     # shorter: the ITL it checks a local prefill against is the SLO / speed, as the bench's ITL is wall x speed.

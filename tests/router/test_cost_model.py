@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from pdctl import prefix_check
+from pdctl.defaults import LOCAL_STALL_RATIO, SAFE_LOCAL_TOKENS
 from pdctl.errors import UsageError
 from pdctl.router.config import RouterConfig
 from pdctl.router.turn import choices
 from pdctl.router.turn.cost import (
     ITL_HEADROOM,
-    LOCAL_STALL_RATIO,
     NEVER_READ,
     Choice,
     Speeds,
@@ -22,6 +22,7 @@ from pdctl.router.turn.cost import (
     break_even,
     choose,
     through_prefill,
+    unmeasured,
 )
 from pdctl.router.turn.rates import MIN_SAMPLES, STALE_S, Line, Rates
 from pdctl.router.turn.verify import Verdict, at_prefill, hit_params
@@ -185,6 +186,34 @@ def test_until_the_decode_is_measured_a_local_prefill_beside_other_streams_goes_
         assert (idle.basis, idle.refused) == ("default", None)  # no other stream to stall: as before too
     # Measured, the same turn on an idle decode is the model's to price: it runs there.
     assert choose(turn(8000, 2000), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
+
+
+def test_local_stall_ratio_zero_bounds_a_local_turn_by_the_itl_budget_alone() -> None:
+    # 600 tokens beside 2 streams: a 75 ms stall on a 20 ms step, 4.75x it; 95 ms within the 150 ms planned.
+    t = turn(8000, 600, streams=2, prefill_queued=4000)  # the prefill busy: local is the cheaper way
+    assert choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=1.2).refused == "stall"
+    free = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=0)
+    assert (free.source, free.basis, free.refused) == (DECODE_CACHE, "model", None)
+    # The ITL budget still holds without the ratio: 1400 tokens, a 195 ms step.
+    assert choose(replace(t, missing=1400), FAST, FLOOR, SLO, CAP, stall_ratio=0).refused == "itl"
+
+
+def test_local_stall_ratio_zero_lets_a_short_unmeasured_turn_run_beside_other_streams() -> None:
+    # So that a decode that always has other streams gets its local rates measured: up to SAFE_LOCAL_TOKENS.
+    unknown = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
+    assert SAFE_LOCAL_TOKENS == 512
+    short = choose(turn(8000, 512, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)
+    assert (short.basis, short.refused) == ("default", None)  # the load rule's to place, as before the bound
+    long = choose(turn(8000, 513, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)
+    assert (long.source, long.basis, long.refused) == (DECODE_READ, "default", "unmeasured")
+    assert choose(turn(8000, 512, streams=4), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # ratio 1.2
+    assert unmeasured(turn(8000, 512, streams=4), through_prefill(turn(8000, 512), unknown, FLOOR), 0).refused is None
+
+
+def test_the_router_refuses_a_negative_stall_ratio() -> None:
+    with pytest.raises(UsageError, match=r"--local-stall-ratio must be >= 0 \(0: no stall bound\), got -1"):
+        RouterConfig(prefill=("http://p",), decode=("http://d",), local_stall_ratio=-1)
+    assert RouterConfig(prefill=("http://p",), decode=("http://d",)).local_stall_ratio == LOCAL_STALL_RATIO
 
 
 def test_a_step_predicted_near_the_itl_budget_keeps_headroom_for_the_largest_gap() -> None:

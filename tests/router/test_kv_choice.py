@@ -197,3 +197,30 @@ def test_a_restarted_decode_starts_again_from_the_rule_before_the_model(tmp_path
             assert corrupt(pd.prefill, decode) == 0
         finally:
             decode.stop()
+
+
+def test_without_a_stall_bound_a_short_turn_beside_other_streams_runs_alone_before_the_rates_are_measured(
+        tmp_path: Path) -> None:
+    # --local-stall-ratio 0: the decode's local rates get measured on a decode that is never idle; the default sends
+    # the same turn through the prefill (refused unmeasured).
+    for ratio, local, refused in (("0", True, None), ("1.2", False, "unmeasured")):
+        (tmp_path / ratio).mkdir()
+        with (
+            sim_pair(tmp_path / ratio, speed=5, threshold=0) as pd,
+            router_process(tmp_path / ratio, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
+                           "--local-policy", "cost", "--local-stall-ratio", ratio) as r,
+        ):
+            assert _choice(r)["local_stall_ratio"] == float(ratio)
+            conv = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6)
+            assert conv.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+            other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=150)  # ~1 s of decoding
+            streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
+            streaming.start()
+            _until(lambda: r.stats()["decode"][0]["outstanding"] >= 1, "the other stream never started")
+            warm = conv.turn(f"{MORE} a")  # ~60 tokens: within the 512 a decode may take unmeasured
+            streaming.join()
+            said = KvChoice.parse(warm.headers.get("x-pd-kv-choice"))
+            assert said is not None and (said.source == "decode_cache", said.basis, said.refused) == (
+                local, "default", refused), said
+            assert warm.status == 200 and warm.outcome == "hit", warm.reuse
+            assert corrupt(pd.prefill, pd.decode) == 0

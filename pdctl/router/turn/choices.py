@@ -28,6 +28,7 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdctl import prefix_check
+from pdctl.defaults import LOCAL_STALL_RATIO
 from pdctl.router.documents import KvChoiceStats
 from pdctl.router.reasons import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
 from pdctl.router.turn.cost import Choice, Speeds, Turn, choose, through_prefill
@@ -55,11 +56,11 @@ def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: in
 
 
 def local(rates: Rates, decode: Upstream, prefill: Upstream, held: int, missing: int, floor: int, slo_ms: float,
-          cap: int) -> Choice:
+          cap: int, stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
     """The model's choice for a warm turn that could run on `decode` alone."""
     streams = decode.outstanding
     turn = Turn(held, missing, streams, decode.work, prefill.work)
-    return choose(turn, speeds(rates, decode, prefill, held + missing, streams), floor, slo_ms, cap)
+    return choose(turn, speeds(rates, decode, prefill, held + missing, streams), floor, slo_ms, cap, stall_ratio)
 
 
 def prefill_path(rates: Rates, decode: Upstream | None, prefill: Upstream, held: int, missing: int,
@@ -94,16 +95,17 @@ def header(c: Choice) -> tuple[bytes, bytes]:
 class Choices:
     """The choices made, their predicted and measured costs, the rates: for /metrics and /stats (bounded)."""
 
-    def __init__(self, registry: CollectorRegistry, rates: Rates, itl_slo_ms: float) -> None:
+    def __init__(self, registry: CollectorRegistry, rates: Rates, itl_slo_ms: float,
+                 local_stall_ratio: float = LOCAL_STALL_RATIO) -> None:
         r = registry
-        self.rates, self.itl_slo_ms = rates, itl_slo_ms
+        self.rates, self.itl_slo_ms, self.local_stall_ratio = rates, itl_slo_ms, local_stall_ratio
         self.chosen = Counter("pdctl_router_kv_choice", "Warm turns by the KV source the router chose (decode_cache: "
                               "the decode alone; decode_read: the prefill reads the history from the decode; "
                               "recomputed: the prefill computes it) and by basis: model (the cost model) or default "
                               "(its rates not yet measured: the rule before it).", ["source", "basis"], registry=r)
         self.refused = Counter("pdctl_router_kv_choice_local_refused", "Warm turns the decode alone was refused: itl "
                                "(its step would break router.itl_slo_ms), stall (it would lengthen the other streams' "
-                               "step past 1.2x it), slower (a prefill is cheaper), cap (over "
+                               "step past --local-stall-ratio x it), slower (a prefill is cheaper), cap (over "
                                "router.local_prefill_tokens), unmeasured (its costs not yet measured, other streams "
                                "on the decode).", ["why"], registry=r)
         self.ttft = Histogram("pdctl_router_kv_choice_ttft_seconds", "The chosen source's time to first token, "
@@ -158,6 +160,7 @@ class Choices:
             error_abs_p50_ms=round(errs[n // 2], 2) if n else 0.0,
             error_abs_p90_ms=round(errs[min(n - 1, n * 9 // 10)], 2) if n else 0.0,
             rates=self.rates.snapshot(),
+            local_stall_ratio=self.local_stall_ratio,
         )
 
     def exposition(self) -> None:

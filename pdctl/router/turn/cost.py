@@ -30,7 +30,8 @@ cost in tokens of compute; 0: always read), router.local_prefill_tokens the most
 Until the costs it needs are measured (and again once they go stale) the model is not used: the turn reads past
 min_read_tokens and, when its decode has no other stream, is placed by the `load` policy, the behaviour before the
 model (`basis` "default"); beside other streams it goes through the prefill (refused "unmeasured"): a prefill of
-unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
+unknown cost is not put in a busy decode's batch, whose stall every stream there pays (with router.local_stall_ratio
+0, one lacking at most SAFE_LOCAL_TOKENS is still placed by `load`, so that the decode's local rates get measured).
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pdctl.defaults import LOCAL_STALL_RATIO, SAFE_LOCAL_TOKENS
 from pdctl.router.reasons import DECODE_CACHE, DECODE_READ, RECOMPUTED
 from pdctl.router.turn.rates import Line
 
@@ -48,12 +50,12 @@ NEVER_READ = 1 << 30  # a break-even no history reaches: the link is no faster t
 # with the context each token attends to, and the host adds its own jitter. Planned to the whole budget, the
 # largest gaps came out at 0.9-1.2x it (simulated 1P1D eviction, 3-8 sessions); a quarter kept back covers that.
 ITL_HEADROOM = 0.75
-# The most a local turn may lengthen the step of the decode's other streams, against the step they see anyway (their
-# ordinary gap): a turn through the prefill stalls them not at all (its KV arrives beside their steps), so ON default
-# keeps their ITL within this much of ON via prefill's. Planned to the ITL budget alone, single local turns of
-# 1-2k tokens set each run's largest gap at 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions).
+# LOCAL_STALL_RATIO (router.local_stall_ratio's default): the most a local turn may lengthen the step of the
+# decode's other streams, against the step they see anyway (their ordinary gap): a turn through the prefill stalls
+# them not at all (its KV arrives beside their steps), so ON default keeps their ITL within this much of ON via
+# prefill's. Planned to the ITL budget alone, single local turns of 1-2k tokens set each run's largest gap at
+# 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions).
 # In practice: local beside other streams only for a handful of tokens; on a decode with no other stream, any.
-LOCAL_STALL_RATIO = 1.2
 Basis = Literal["model", "default"]
 
 
@@ -152,7 +154,7 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
     if t.missing > local_cap:
         return _refused(via, "cap")
     if s.local is None or via.ttft_ms is None or s.step_ms is None:
-        return unmeasured(t, via)
+        return unmeasured(t, via, stall_ratio)
     # A local turn's own TTFT is about the step that computes its prompt: where those came in slower than
     # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
     per_token = s.local.per_token_ms * max(1.0, s.local_bias)
@@ -172,11 +174,14 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
     return _refused(via, "slower")
 
 
-def unmeasured(t: Turn, via: Choice) -> Choice:
+def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
     """The safe default while a cost the decode's price needs is not measured: a turn on a decode with no other
     stream to stall is the `load` policy's to place (basis "default"); beside other streams it goes through the
-    prefill (a stall of unknown length; any prefill in their batch lengthens their step several times over)."""
-    if t.missing > 0 and t.streams > 0:
+    prefill (a stall of unknown length; any prefill in their batch lengthens their step several times over), unless
+    `stall_ratio` is 0 (no stall bound) and it lacks at most SAFE_LOCAL_TOKENS: then it is the `load` policy's too,
+    so that the decode's local rates get measured."""
+    limit = SAFE_LOCAL_TOKENS if stall_ratio <= 0 else 0
+    if t.missing > limit and t.streams > 0:
         return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
     return Choice(via.source, None, 0.0, "default", via.min_read)
 

@@ -89,7 +89,7 @@ class RouterState:
             retention=Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
                                 config.block_size, metrics.registry, journal),
             rates=rates,
-            choices=Choices(metrics.registry, rates, config.itl_slo_ms),
+            choices=Choices(metrics.registry, rates, config.itl_slo_ms, config.local_stall_ratio),
             tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
         )
 

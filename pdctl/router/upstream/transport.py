@@ -135,7 +135,7 @@ class Body(httpx.AsyncByteStream):
     def __init__(self, conn: _Conn, timeout: float | None) -> None:
         self.conn, self.timeout = conn, timeout
 
-    def __aiter__(self) -> Body:  # type: ignore[override]
+    def __aiter__(self) -> Body:
         return self
 
     async def __anext__(self) -> bytes:
