@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from pdctl.router.kv.handles import Handle
 from pdctl.router.kv.journal import SUBDIR, Journal, read_pins
 from pdctl.router.kv.release import ReleaseMetrics, Releaser
+from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool
 from tests.router.conftest import corrupt
 from tests.router.faults import eventually
@@ -170,7 +171,8 @@ def test_a_release_that_failed_stays_in_the_journal_for_the_next_router(tmp_path
         registry = CollectorRegistry()
         releaser = Releaser(Pool("prefill", ["http://p:1"]), Pool("decode", ["http://d:1"]), "m",
                             ReleaseMetrics(registry), 1)
-        releaser.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(next(answers))))
+        releaser.client = LeanClient(transport=httpx.MockTransport(lambda _: httpx.Response(next(answers))),
+                                     timeout=httpx.Timeout(5))
         journal = Journal(str(tmp_path), ttl=480)
         journal.open()
         releaser.journal = journal

@@ -109,7 +109,7 @@ class Releaser:
     def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
                  enabled: bool = True, block_size: int = 1) -> None:
         self.prefill, self.decode, self.model = prefill, decode, model
-        self.client: httpx.AsyncClient | None = None  # the router's, set by the app's lifespan
+        self.client: LeanClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
         self.enabled = enabled
         self._slots = asyncio.Semaphore(concurrency)
@@ -191,10 +191,7 @@ class Releaser:
             url, body = f"{p.url}/v1/completions", jsonx.dumps(release_body(h, self.model))
             headers = {"content-type": "application/json", "x-request-id": f"release-{os.urandom(16).hex()}"}
             try:
-                if isinstance(client, LeanClient):  # no httpx.Response: the status is all a release needs
-                    status = (await client.post_whole(url, body, headers, TIMEOUT_S)).status_code
-                else:
-                    status = (await client.post(url, content=body, timeout=TIMEOUT_S, headers=headers)).status_code
+                status = (await client.post_whole(url, body, headers, TIMEOUT_S)).status_code
             except httpx.HTTPError as e:
                 self._failed(h, reason, f"{p.url}: {type(e).__name__}")
                 return False
