@@ -21,7 +21,7 @@ export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
 sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
-benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone
+benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone; c: off, on, on-itl
 runs=${PDCTL_EVICT_RUNS:-2}          # plays per session count (1 when the device time allows no more)
 common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200
         --runs "$runs")
@@ -29,6 +29,11 @@ legs_a=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on-prefill:connector.bidirectional_kv_xfer=true,router.local_prefill_tokens=0"
         --leg "on:connector.bidirectional_kv_xfer=true")
 legs_b=(--leg "agg:mode=aggregated,model.gpu_memory_utilization=0.9")
+# c: ON default against ON with local turns bounded by the ITL budget alone (router.local_stall_ratio=0: a warm turn
+# may run on the decode alone whenever its stall keeps the other streams' gaps within the budget)
+legs_c=(--leg "off:connector.bidirectional_kv_xfer=false"
+        --leg "on:connector.bidirectional_kv_xfer=true"
+        --leg "on-itl:connector.bidirectional_kv_xfer=true,router.local_stall_ratio=0")
 
 . "$(dirname "$0")/lib.sh"
 

@@ -22,7 +22,8 @@ from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
 from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.lifecycle.watch.dashboard import PANELS, dashboard, queries
-from pdctl.lifecycle.watch.top import Sampler, render_top
+from pdctl.lifecycle.watch.top import Sampler
+from pdctl.lifecycle.watch.top_render import render_top
 from pdctl.remote.local import LocalTransport
 from pdctl.router.wire import Reuse
 from tests.conftest import free_port

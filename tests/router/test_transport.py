@@ -192,3 +192,36 @@ def test_lean_client_posts_straight_to_the_transport_with_its_default_headers() 
         slow.close()
 
     asyncio.run(main())
+
+
+def test_chunks_already_arrived_are_read_as_one_in_order_and_later_ones_apart() -> None:
+    """Upstream chunks that came in one burst are one read (one rewrite, one client write); a chunk that comes
+    later is its own read: nothing waits for more than what is there."""
+    later = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        burst = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + burst)  # one write: one read
+        await writer.drain()
+        await later.wait()
+        writer.write(b"9\r\ndata: 4\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport = FastTransport()
+        status, _, body = await transport.exchange(("127.0.0.1", port), b"POST /s HTTP/1.1\r\nhost: x\r\n"
+                                                   b"content-length: 0\r\n\r\n", 5, 5)
+        assert status == 200
+        await asyncio.sleep(0.2)  # the burst is in: one read must return all of it
+        reads = [await body.__anext__()]
+        later.set()
+        reads += [chunk async for chunk in body]
+        assert reads == [b"data: 1\n\ndata: 2\n\ndata: 3\n\n", b"data: 4\n\n"]
+        await body.aclose()
+        await transport.aclose()
+        server.close()
+
+    asyncio.run(main())

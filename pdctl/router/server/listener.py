@@ -6,7 +6,8 @@ headers) would hold file descriptors until the router fails for everyone. Here:
     a request head must arrive within `header_timeout`         -> 408 and close
     at most `max_headers` headers and `max_header_bytes` bytes  -> 431 and close
     at most `max_connections` open client connections           -> 503 + Retry-After at once, and close
-Body read deadlines are the JsonBody middleware's; idle keep-alive is uvicorn's `timeout_keep_alive`.
+Body read deadlines are the JsonBody middleware's; idle keep-alive is uvicorn's `timeout_keep_alive`. A response's
+writes in one event-loop step reach the socket as one write (corked.py).
 
 A refusal is a lingering close: the answer, then a half-close, then whatever the client still sends is read and
 dropped until it closes or `_LINGER` seconds pass. Closing at once with unread bytes in the socket makes the kernel
@@ -23,6 +24,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdctl.router.errors import error_body
+from pdctl.router.server.corked import cork
 
 _LINGER = 5.0
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
@@ -96,6 +98,8 @@ def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+            if self.cycle is not None:
+                cork(self.cycle, self.loop)  # a step's writes as one (corked.py)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -80,10 +80,16 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     async def next_chunk(self, timeout: float | None) -> bytes | None:
-        """The body's next chunk as it arrives; None at its end."""
+        """The body's bytes that have arrived since the last call (waiting for some if none have), joined: a
+        burst of upstream chunks read in one go (the decode wrote several events at once, or the router was busy)
+        is passed on as one; None at the body's end."""
         while True:
-            if self.chunks:
-                return self.chunks.popleft()
+            if self.chunks:  # all that is already here, as one: one rewrite and one client write, not one each
+                if len(self.chunks) == 1:
+                    return self.chunks.popleft()
+                joined = b"".join(self.chunks)
+                self.chunks.clear()
+                return joined
             if self.done:
                 return None
             if self.error is not None:
