@@ -12,6 +12,8 @@ from typing import Any
 
 from starlette.types import Message, Receive, Send
 
+from pdctl.router.turn.context import Gone
+
 
 async def disconnected(receive: Receive) -> None:
     """Return once the client has gone (the request body must have been read already)."""
@@ -19,7 +21,8 @@ async def disconnected(receive: Receive) -> None:
         pass
 
 
-async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send], Coroutine[Any, Any, None]]) -> bool:
+async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send], Coroutine[Any, Any, None]],
+                               gone: Gone | None = None) -> bool:
     """Run `run(send)` to its end, or cancel it when the client disconnects first; True when the client left.
 
     A disconnect after the response's last byte (or an SSE stream's `[DONE]`) is no reason to stop: what follows is
@@ -28,7 +31,8 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
     `run` runs in the caller's own task; one watcher task waits for the disconnect and cancels the caller's task
     (no second task for the work, no `asyncio.wait`: two tasks and a wait cost a streamed reply's worth of CPU).
     The cancellation is the watcher's only while `run` runs (`active`), and is taken back with `uncancel()`, so
-    a cancellation from outside (the server stopping) still propagates."""
+    a cancellation from outside (the server stopping) still propagates. Where the server tells the connection's
+    loss itself (`gone`: the router's listener, server/corked.py) that is the watcher, and there is no task."""
     answered = False
     active = True
     left = False
@@ -42,14 +46,21 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
             answered = True  # a client may hang up on [DONE], before the stream's empty last message
         await send(message)
 
-    def gone(_: asyncio.Future[None]) -> None:
+    def cancel() -> None:
         nonlocal left
         if active and not answered and not left:
             left = True
             me.cancel()
 
-    watcher = asyncio.ensure_future(disconnected(receive))
-    watcher.add_done_callback(gone)
+    def done(_: asyncio.Future[None]) -> None:
+        cancel()
+
+    watcher: asyncio.Future[None] | None = None
+    if gone is not None:
+        gone.watch(cancel)
+    else:
+        watcher = asyncio.ensure_future(disconnected(receive))
+        watcher.add_done_callback(done)
     try:
         await run(tracked)
     except asyncio.CancelledError:
@@ -58,8 +69,11 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
         return True
     finally:
         active = False
-        watcher.remove_done_callback(gone)
-        watcher.cancel()
+        if watcher is not None:
+            watcher.remove_done_callback(done)
+            watcher.cancel()
+        elif gone is not None:
+            gone.unwatch(cancel)
     if left:  # `run` swallowed the cancellation and returned: the client left all the same
         me.uncancel()
         return True
