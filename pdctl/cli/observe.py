@@ -67,7 +67,8 @@ def top(
 ) -> None:
     """The dashboard's figures, live: TTFT/ITL percentiles, reuse outcomes and reasons, KV source and movement,
     pinned KV per decode, admission and refusals, each instance's health and load (Ctrl-C to stop)."""
-    from pdctl.lifecycle.watch.top import Sampler, render_top
+    from pdctl.lifecycle.watch.top import Sampler
+    from pdctl.lifecycle.watch.top_render import render_top
 
     if not interval > 0:
         raise UsageError(f"--interval {interval:g} is not a positive number of seconds", hint="e.g. --interval 2")

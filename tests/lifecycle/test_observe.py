@@ -22,7 +22,8 @@ from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
 from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.lifecycle.watch.dashboard import PANELS, dashboard, queries
-from pdctl.lifecycle.watch.top import Sampler, render_top
+from pdctl.lifecycle.watch.top import Sampler
+from pdctl.lifecycle.watch.top_render import render_top
 from pdctl.remote.local import LocalTransport
 from pdctl.router.wire import Reuse
 from tests.conftest import free_port
@@ -144,17 +145,22 @@ def test_observe_renders_and_a_real_prometheus_scrapes_every_panel(make_topo: Ma
     else:
         pytest.fail(f"Prometheus did not scrape all three targets: {ups}")
     _traffic(router_url)  # again, now that Prometheus scrapes: the rates see it
-    time.sleep(4)
 
-    # Every panel's every query, exactly as the shipped JSON has them, with Grafana's variables filled in.
+    # Every panel's every query, exactly as the shipped JSON has them, with Grafana's variables filled in; asked
+    # again until each has a finite value (a rate needs two scrapes after the traffic; 1 s apart) or 30 s passed.
     exprs = queries(shipped)
     assert len(exprs) == sum(len(p.queries) for p in PANELS)
-    empty = []
-    for expr in exprs:
-        filled = expr.replace("$deployment", topo.name).replace("$__rate_interval", "2m")
-        result = _query(prom, filled)
-        if not result or not _finite(result):
-            empty.append((expr, result))
+    deadline = time.monotonic() + 30
+    while True:
+        empty = []
+        for expr in exprs:
+            filled = expr.replace("$deployment", topo.name).replace("$__rate_interval", "2m")
+            result = _query(prom, filled)
+            if not result or not _finite(result):
+                empty.append((expr, result))
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert not empty, empty
     sources = {s["metric"]["source"]: float(s["value"][1]) for s in
                _query(prom, f'sum by (source) (pdctl_router_turn_kv_source_total{{deployment="{topo.name}"}})')}

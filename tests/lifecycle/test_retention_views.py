@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
-from pdctl.lifecycle.watch.top import Sampler, render_top
+from pdctl.lifecycle.watch.top import Sampler
+from pdctl.lifecycle.watch.top_render import render_top
 from pdctl.plan import plan
 from pdctl.topology import load
 from tests.conftest import free_port

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
-from pdctl.lifecycle.watch.top import parse, view
+from pdctl.lifecycle.watch.samples import parse
+from pdctl.lifecycle.watch.top import view
 from pdctl.plan import plan
 from pdctl.topology import load
 from tests.lifecycle.test_router_replicas import replicas_yaml

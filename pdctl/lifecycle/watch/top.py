@@ -7,70 +7,21 @@ interval, as Prometheus's `rate` and `histogram_quantile` compute them, and the 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console
-from rich.table import Table
 
 from pdctl.lifecycle.bringup.smoke import router_api_key
 from pdctl.lifecycle.hosts.connect import reachable
 from pdctl.lifecycle.hosts.engine_key import read_key
+from pdctl.lifecycle.watch.samples import Samples, by_labels, delta, merge, parse, quantiles, sum_of
 from pdctl.plan import ProcessSpec, plan
 from pdctl.remote.base import Transport
 from pdctl.remote.sshconnect import SshOptions
-from pdctl.router.wire import REASON_TEXT
 from pdctl.topology import Topology
-
-Labels = frozenset[tuple[str, str]]
-Samples = dict[str, dict[Labels, float]]  # sample name (with _bucket/_sum/_count/_total) -> labels -> value
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[frozenset(s.labels.items())] = s.value
-    return out
-
-
-def _sum(samples: Samples, name: str, **match: str) -> float:
-    return sum(v for labels, v in samples.get(name, {}).items() if all((k, m) in labels for k, m in match.items()))
-
-
-def _by(samples: Samples, name: str, *keys: str, **match: str) -> dict[tuple[str, ...], float]:
-    out: dict[tuple[str, ...], float] = {}
-    for labels, v in samples.get(name, {}).items():
-        d = dict(labels)
-        if all(d.get(k) == m for k, m in match.items()):
-            key = tuple(d.get(k, "") for k in keys)
-            out[key] = out.get(key, 0.0) + v
-    return out
-
-
-def quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus's histogram_quantile over cumulative bucket counts (upper bound -> count); None without data."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    total = buckets[bounds[-1]]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for b in bounds:
-        c = buckets[b]
-        if c >= rank:
-            if math.isinf(b):
-                return prev_bound
-            if c == prev_count:
-                return b
-            return prev_bound + (b - prev_bound) * (rank - prev_count) / (c - prev_count)
-        prev_bound, prev_count = b, c
-    return bounds[-1]
 
 
 @dataclass
@@ -135,37 +86,12 @@ class TopView:
         return asdict(self)
 
 
-def _delta(now: Samples, before: Samples, name: str) -> dict[Labels, float]:
-    old = before.get(name, {})
-    return {k: max(0.0, v - old.get(k, 0.0)) for k, v in now.get(name, {}).items()}
-
-
-def _quantiles(now: Samples, before: Samples, name: str, **match: str) -> dict[str, float | None]:
-    buckets: dict[float, float] = {}
-    for labels, v in _delta(now, before, f"{name}_bucket").items():
-        d = dict(labels)
-        if all(d.get(k) == m for k, m in match.items()):
-            le = float(d["le"])
-            buckets[le] = buckets.get(le, 0.0) + v
-    return {f"p{int(q * 100)}": quantile(q, buckets) for q in (0.5, 0.9, 0.99)}
-
-
-def _merge(parts: Iterable[Samples]) -> Samples:
-    out: Samples = {}
-    for part in parts:
-        for name, series in part.items():
-            into = out.setdefault(name, {})
-            for k, v in series.items():
-                into[k] = into.get(k, 0.0) + v
-    return out
-
-
 def _in_pool(routers: Iterable[Samples]) -> dict[tuple[str, ...], bool]:
     """(role, index) -> in the pool of every router that reports it: each router's health gauge on its own (a sum
     across routers is 2.0 for an engine both hold healthy)."""
     pool: dict[tuple[str, ...], bool] = {}
     for samples in routers:
-        for key, value in _by(samples, "pdctl_router_upstream_healthy", "role", "index").items():
+        for key, value in by_labels(samples, "pdctl_router_upstream_healthy", "role", "index").items():
             pool[key] = pool.get(key, True) and value == 1.0
     return pool
 
@@ -174,10 +100,10 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
          seconds: float) -> TopView:
     """The figures between two samples (process name -> its /metrics; a process missing from `now` is down)."""
     routers = [s for s in specs if s.role == "router"]
-    r_now = _merge(now.get(s.name, {}) for s in routers)
-    r_old = _merge(before.get(s.name, {}) for s in routers)
+    r_now = merge(now.get(s.name, {}) for s in routers)
+    r_old = merge(before.get(s.name, {}) for s in routers)
     v = TopView(topo.name, round(seconds, 3))
-    reuse = _delta(r_now, r_old, "pdctl_router_kv_reuse_total")
+    reuse = delta(r_now, r_old, "pdctl_router_kv_reuse_total")
     for labels, n in reuse.items():
         d = dict(labels)
         v.outcomes[d["outcome"]] = v.outcomes.get(d["outcome"], 0.0) + n
@@ -190,42 +116,42 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
                    if dict(labels)["reason"] not in ("new_conversation", "not_eligible", "n_gt_1"))
     reused = v.outcomes.get("hit", 0.0) + v.outcomes.get("partial", 0.0)
     v.hit_rate = round(reused / eligible, 4) if eligible else None
-    v.ttft_s = _quantiles(r_now, r_old, "pdctl_router_ttft_seconds")
-    v.diverged_at_tokens = _quantiles(r_now, r_old, "pdctl_router_prefix_diverged_tokens")["p50"]
-    for labels, n in _delta(r_now, r_old, "pdctl_router_turn_kv_source_total").items():
+    v.ttft_s = quantiles(r_now, r_old, "pdctl_router_ttft_seconds")
+    v.diverged_at_tokens = quantiles(r_now, r_old, "pdctl_router_prefix_diverged_tokens")["p50"]
+    for labels, n in delta(r_now, r_old, "pdctl_router_turn_kv_source_total").items():
         v.kv_source[dict(labels)["source"]] = n
-    sums = _delta(r_now, r_old, "pdctl_router_kv_moved_tokens_sum")
-    counts = _delta(r_now, r_old, "pdctl_router_kv_moved_tokens_count")
+    sums = delta(r_now, r_old, "pdctl_router_kv_moved_tokens_sum")
+    counts = delta(r_now, r_old, "pdctl_router_kv_moved_tokens_count")
     for labels, n in counts.items():
         if n:
             v.moved_tokens_per_turn[dict(labels)["direction"]] = round(sums.get(labels, 0.0) / n, 1)
     hops = sum(n for labels, n in counts.items() if dict(labels)["direction"] == "d_to_p")
-    for labels, n in _delta(r_now, r_old, "pdctl_router_admission_refused_total").items():
+    for labels, n in delta(r_now, r_old, "pdctl_router_admission_refused_total").items():
         d = dict(labels)
         v.refusals[f"{d['role']} {d['status']}"] = n
     for role in ("prefill", "decode"):
         if any(("role", role) in k for k in r_now.get("pdctl_router_admission_inflight", {})):
-            v.admission[role] = (_sum(r_now, "pdctl_router_admission_inflight", role=role),
-                                 _sum(r_now, "pdctl_router_admission_queued", role=role),
-                                 _sum(r_now, "pdctl_router_admission_capacity", role=role))
-    budgets = _by(r_now, "pdctl_router_pin_budget_tokens", "index")
-    for (index,), n in _by(r_now, "pdctl_router_pinned_tokens", "index").items():
+            v.admission[role] = (sum_of(r_now, "pdctl_router_admission_inflight", role=role),
+                                 sum_of(r_now, "pdctl_router_admission_queued", role=role),
+                                 sum_of(r_now, "pdctl_router_admission_capacity", role=role))
+    budgets = by_labels(r_now, "pdctl_router_pin_budget_tokens", "index")
+    for (index,), n in by_labels(r_now, "pdctl_router_pinned_tokens", "index").items():
         v.pinned[index] = (n, budgets.get((index,)))
     urls: dict[str, tuple[str, ...]] = {}
     for labels in r_now.get("pdctl_router_upstream_info", {}):
         d = dict(labels)
         urls[d.get("url", "")] = (d.get("role", ""), d.get("index", ""))
-    outstanding = _by(r_now, "pdctl_router_upstream_outstanding", "role", "index")
+    outstanding = by_labels(r_now, "pdctl_router_upstream_outstanding", "role", "index")
     healthy = _in_pool(now.get(s.name, {}) for s in routers)
     engines = [s for s in specs if s.role != "router"]
     e_now = {s.name: now.get(s.name, {}) for s in engines}
     e_old = {s.name: before.get(s.name, {}) for s in engines}
     decodes = [s.name for s in engines if s.role == "decode" or s.name.startswith("aggregated-")]
-    d_now, d_old = _merge(e_now[n] for n in decodes), _merge(e_old[n] for n in decodes)
-    v.engine_ttft_s = _quantiles(d_now, d_old, "vllm:time_to_first_token_seconds")
-    v.itl_s = _quantiles(d_now, d_old, "vllm:inter_token_latency_seconds")
+    d_now, d_old = merge(e_now[n] for n in decodes), merge(e_old[n] for n in decodes)
+    v.engine_ttft_s = quantiles(d_now, d_old, "vllm:time_to_first_token_seconds")
+    v.itl_s = quantiles(d_now, d_old, "vllm:inter_token_latency_seconds")
     for s in engines:
-        nbytes = sum(_delta(e_now[s.name], e_old[s.name], "vllm:nixl_bytes_transferred_sum").values())
+        nbytes = sum(delta(e_now[s.name], e_old[s.name], "vllm:nixl_bytes_transferred_sum").values())
         if hops and nbytes:
             key = "aggregated" if s.name.startswith("aggregated-") else s.role
             v.nixl_bytes_per_turn[key] = v.nixl_bytes_per_turn.get(key, 0.0) + round(nbytes / hops, 1)
@@ -233,8 +159,8 @@ def view(topo: Topology, specs: list[ProcessSpec], now: dict[str, Samples], befo
         m = now.get(s.name)
         inst = Instance(s.name, "aggregated" if s.name.startswith("aggregated-") else s.role, m is not None)
         if m is not None and s.role != "router":
-            inst.running = _sum(m, "vllm:num_requests_running")
-            inst.waiting = _sum(m, "vllm:num_requests_waiting")
+            inst.running = sum_of(m, "vllm:num_requests_running")
+            inst.waiting = sum_of(m, "vllm:num_requests_waiting")
             inst.kv_use = max(m.get("vllm:kv_cache_usage_perc", {}).values(), default=0.0)
         upstream = urls.get(s.url)
         if upstream is not None:
@@ -270,11 +196,11 @@ def _retention(v: TopView, specs: list[ProcessSpec], now: dict[str, Samples], r_
         samples = now.get(r.name)
         if samples is None or "pdctl_router_retained_blocks" not in samples:
             continue
-        v.release_queue[r.name] = _sum(samples, "pdctl_router_release_queue")
+        v.release_queue[r.name] = sum_of(samples, "pdctl_router_release_queue")
         urls = _decode_urls(samples)
-        blocks = _by(samples, "pdctl_router_retained_blocks", "index")
-        handles = _by(samples, "pdctl_router_retained_handles", "index")
-        capacity = _by(samples, "pdctl_router_decode_kv_capacity_blocks", "index")
+        blocks = by_labels(samples, "pdctl_router_retained_blocks", "index")
+        handles = by_labels(samples, "pdctl_router_retained_handles", "index")
+        capacity = by_labels(samples, "pdctl_router_decode_kv_capacity_blocks", "index")
         for (index,), n in sorted(blocks.items()):
             name = by_url.get(urls.get(index, ""), f"decode {index}")
             d = held.setdefault(name, Retained(name))
@@ -289,13 +215,13 @@ def _retention(v: TopView, specs: list[ProcessSpec], now: dict[str, Samples], r_
             d.kv_use = max(m.get("vllm:kv_cache_usage_perc", {}).values(), default=0.0)
             d.capacity_blocks = d.capacity_blocks or _capacity_blocks(m)
             if "pdctl_sim_kv_retained_blocks" in m:
-                d.kept_blocks = _sum(m, "pdctl_sim_kv_retained_blocks")
+                d.kept_blocks = sum_of(m, "pdctl_sim_kv_retained_blocks")
         if d.capacity_blocks:
             d.retained_share = round(d.retained_blocks / d.capacity_blocks, 4)
     v.retained = list(held.values())
-    for (reason,), n in _by(r_now, "pdctl_router_kv_releases_total", "reason", result="sent").items():
+    for (reason,), n in by_labels(r_now, "pdctl_router_kv_releases_total", "reason", result="sent").items():
         v.releases_total[reason] = n
-        old = _sum(r_old, "pdctl_router_kv_releases_total", reason=reason, result="sent")
+        old = sum_of(r_old, "pdctl_router_kv_releases_total", reason=reason, result="sent")
         v.releases[reason] = max(0.0, n - old)
 
 
@@ -304,20 +230,20 @@ def _kv_choice(v: TopView, r_now: Samples, r_old: Samples) -> None:
     name = "pdctl_router_kv_choice_total"
     if name not in r_now:
         return
-    for (source,), n in _by(r_now, name, "source").items():
+    for (source,), n in by_labels(r_now, name, "source").items():
         v.kv_choice_total[source] = n
-        v.kv_choice[source] = max(0.0, n - _sum(r_old, name, source=source))
+        v.kv_choice[source] = max(0.0, n - sum_of(r_old, name, source=source))
     turns = sum(v.kv_choice.values())
     v.kv_choice_share = {k: round(n / turns, 4) for k, n in v.kv_choice.items()} if turns else {}
-    v.kv_choice_default = max(0.0, _sum(r_now, name, basis="default") - _sum(r_old, name, basis="default"))
-    for labels, n in _delta(r_now, r_old, "pdctl_router_kv_choice_local_refused_total").items():
+    v.kv_choice_default = max(0.0, sum_of(r_now, name, basis="default") - sum_of(r_old, name, basis="default"))
+    for labels, n in delta(r_now, r_old, "pdctl_router_kv_choice_local_refused_total").items():
         why = dict(labels)["why"]
         v.kv_choice_refused[why] = v.kv_choice_refused.get(why, 0.0) + n
     for source in v.kv_choice_total:
         v.kv_choice_ttft_s[source] = {
-            kind: _quantiles(r_now, r_old, "pdctl_router_kv_choice_ttft_seconds", source=source, kind=kind)["p50"]
+            kind: quantiles(r_now, r_old, "pdctl_router_kv_choice_ttft_seconds", source=source, kind=kind)["p50"]
             for kind in ("predicted", "measured")}
-    error = _quantiles(r_now, r_old, "pdctl_router_kv_choice_error_seconds")
+    error = quantiles(r_now, r_old, "pdctl_router_kv_choice_error_seconds")
     v.kv_choice_error_s = {"p50": error["p50"], "p90": error["p90"]}
 
 
@@ -373,97 +299,3 @@ class Sampler:
         out = view(self.topo, self.specs, now, self.last, at - self.last_at if self.last_at else 0.0)
         self.last, self.last_at = now, at
         return out
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}"
-
-
-def _n(v: float) -> str:
-    return f"{v:.0f}" if v == int(v) else f"{v:.1f}"
-
-
-def _retained_table(v: TopView) -> Table:
-    several = len(v.release_queue) > 1
-    table = Table(title="retained KV (blocks kept on the decode for next turns)", title_justify="left", box=None)
-    for col in ("decode", "KV use", "retained", "of its KV", "handles", *(["by router"] if several else []),
-                *(["kept (engine)"] if any(d.kept_blocks is not None for d in v.retained) else [])):
-        table.add_column(col, justify="left" if col in ("decode", "by router") else "right")
-    for d in v.retained:
-        table.add_row(
-            d.process, "-" if d.kv_use is None else f"{d.kv_use:.0%}",
-            _n(d.retained_blocks) + ("" if d.capacity_blocks is None else f"/{_n(d.capacity_blocks)}"),
-            "-" if d.retained_share is None else f"{d.retained_share:.1%}", _n(d.handles),
-            *([", ".join(f"{r} {_n(n)}" for r, n in d.by_router.items())] if several else []),
-            *([_n(d.kept_blocks) if d.kept_blocks is not None else "-"]
-              if any(x.kept_blocks is not None for x in v.retained) else []),
-        )
-    return table
-
-
-def _choice_table(v: TopView) -> Table:
-    """The warm turns' KV source as the cost model chose it: in the interval, its share, since start, TTFT."""
-    table = Table(title="KV source chosen (warm turns)", title_justify="left", box=None)
-    for col in ("source", "turns", "share", "total", "TTFT predicted", "measured (p50 ms)"):
-        table.add_column(col, justify="left" if col == "source" else "right")
-    for source, total in v.kv_choice_total.items():
-        ttft = v.kv_choice_ttft_s.get(source, {})
-        share = v.kv_choice_share.get(source)
-        table.add_row(source, _n(v.kv_choice.get(source, 0.0)), "-" if share is None else f"{share:.0%}",
-                      _n(total), _ms(ttft.get("predicted")), _ms(ttft.get("measured")))
-    refused = ", ".join(f"{k} {_n(n)}" for k, n in v.kv_choice_refused.items() if n)
-    table.caption = (f"by the rule (rates not yet measured): {_n(v.kv_choice_default)}; decode alone refused: "
-                     f"{refused or 'none'}; |measured - predicted| p50 {_ms(v.kv_choice_error_s.get('p50'))} "
-                     f"p90 {_ms(v.kv_choice_error_s.get('p90'))} ms")
-    table.caption_justify = "left"
-    return table
-
-
-def render_top(v: TopView, console: Console) -> None:
-    hit = "-" if v.hit_rate is None else f"{v.hit_rate:.0%}"
-    console.print(f"[bold]{v.deployment}[/]  {v.turns_per_s:.2f} turns/s over {v.interval_s:.1f}s  hit rate {hit}",
-                  highlight=False)
-    lat = Table(title="latency (ms)", title_justify="left", box=None)
-    for col in ("", "p50", "p90", "p99"):
-        lat.add_column(col, justify="right" if col else "left")
-    for name, q in (("TTFT router", v.ttft_s), ("TTFT decode", v.engine_ttft_s), ("ITL decode", v.itl_s)):
-        lat.add_row(name, *(_ms(q.get(p)) for p in ("p50", "p90", "p99")))
-    console.print(lat)
-    reuse = Table(title="reuse (turns in the interval)", title_justify="left", box=None)
-    reuse.add_column("outcome: reason")
-    reuse.add_column("turns", justify="right")
-    reuse.add_column("why")
-    for key, n in sorted(v.reasons.items(), key=lambda kv: -kv[1]):
-        reuse.add_row(key, _n(n), REASON_TEXT.get(key.split(": ", 1)[-1], ""))
-    if v.diverged_at_tokens is not None:
-        reuse.add_row("prefix diverged at", f"~{v.diverged_at_tokens:.0f}", "tokens (median first differing block)")
-    console.print(reuse)
-    kv = Table(title="KV", title_justify="left", box=None)
-    kv.add_column("")
-    kv.add_column("value")
-    kv.add_row("source", ", ".join(f"{k} {_n(n)}" for k, n in v.kv_source.items() if n) or "-")
-    kv.add_row("moved/turn", ", ".join(f"{k} {_n(n)} tok" for k, n in v.moved_tokens_per_turn.items()) or "-")
-    kv.add_row("NIXL/turn", ", ".join(f"{k} {n / 2**20:.1f} MiB" for k, n in v.nixl_bytes_per_turn.items()) or "-")
-    kv.add_row("pinned", ", ".join(f"decode {i} {_n(p)}" + (f"/{_n(b)}" if b else "") for i, (p, b)
-                                   in sorted(v.pinned.items())) or "-")
-    kv.add_row("admission", ", ".join(f"{r} {_n(a)}/{_n(c)} queued {_n(q)}" for r, (a, q, c)
-                                      in v.admission.items()) or "-")
-    kv.add_row("refused", ", ".join(f"{k} {_n(n)}" for k, n in v.refusals.items() if n) or "none")
-    if v.release_queue:
-        kv.add_row("released", ", ".join(f"{k} {_n(n)} (total {_n(v.releases_total.get(k, 0.0))})"
-                                         for k, n in sorted(v.releases.items()) if v.releases_total.get(k))
-                   or "none")
-        kv.add_row("release queue", ", ".join(f"{r} {_n(n)}" for r, n in v.release_queue.items()))
-    console.print(kv)
-    if v.retained:
-        console.print(_retained_table(v))
-    if v.kv_choice_total:
-        console.print(_choice_table(v))
-    inst = Table(title="instances", title_justify="left", box=None)
-    for col in ("process", "up", "pool", "running", "waiting", "KV use", "router→"):
-        inst.add_column(col, justify="left" if col in ("process", "up", "pool") else "right")
-    for i in v.instances:
-        pool = "-" if i.router_healthy is None else "in" if i.router_healthy else "[red]out[/]"
-        inst.add_row(i.process, "yes" if i.up else "[red]no[/]", pool, _n(i.running), _n(i.waiting),
-                     f"{i.kv_use:.0%}", _n(i.router_outstanding))
-    console.print(inst)
