@@ -68,7 +68,6 @@ def test_a_streaming_client_that_leaves_mid_stream_frees_the_decode_slot(tmp_pat
             assert r.status_code == 200
             first = next(r.iter_raw())
             assert first.startswith(b"data: {")
-            assert pair.decode.metric(RUNNING) == 1
         assert eventually(lambda: idle(pair.decode), within=5)
         assert pair.decode.metric("pdctl_sim_aborted_requests_total") == 1
 
@@ -81,7 +80,6 @@ def test_a_queued_request_whose_client_left_never_reaches_an_engine(tmp_path: Pa
         long = {"model": "Qwen", "messages": [{"role": "user", "content": "hold the slot"}], "max_tokens": 2000}
         with ThreadPoolExecutor(2) as pool:
             holder = pool.submit(abandon, router.url, long, 4.0)
-            assert eventually(lambda: pair.decode.metric(RUNNING) == 1)
             prompts = pair.prefill.metric("vllm:prompt_tokens_total")
             abandon(router.url, {**long, "messages": [{"role": "user", "content": "queued " * 50}]}, 1.0)
             holder.result()
