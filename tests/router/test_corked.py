@@ -10,7 +10,6 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from pdctl.router.server.listener import Limits, protocol_class
-from pdctl.router.turn.context import GONE_KEY
 
 REQUEST = b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -123,41 +122,5 @@ def test_nothing_is_written_once_the_client_has_gone() -> None:
         gone.set()
         await steps()
         assert len(transport.writes) == 1
-
-    asyncio.run(main())
-
-
-def test_watchers_hear_of_a_connection_lost_mid_response_and_never_of_a_finished_one() -> None:
-    async def main() -> None:
-        heard: list[str] = []
-        release = asyncio.Event()
-
-        async def app(scope: Any, receive: Any, send: Any) -> None:
-            await receive()
-            gone = scope[GONE_KEY]
-            gone.watch(lambda: heard.append(scope["path"]))
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            if scope["path"] == "/done":
-                await send({"type": "http.response.body", "body": b"a"})
-                return
-            await release.wait()
-            assert gone.left()
-
-        _, proto = await exchange(app, REQUEST.replace(b"/x", b"/done"))
-        await steps()
-        assert proto.cycle.response_complete
-        proto.connection_lost(None)  # a finished response: nobody is told
-        assert heard == []
-        _, proto = await exchange(app)
-        await steps()
-        assert not proto.cycle.left()
-        proto.connection_lost(None)
-        assert heard == ["/x"]
-        late: list[int] = []
-        proto.cycle.watch(lambda: late.append(1))  # a watcher that comes after the loss hears of it at once
-        await steps(1)
-        assert late == [1]
-        release.set()
-        await steps()
 
     asyncio.run(main())

@@ -174,7 +174,7 @@ class _Relay:
 async def sampled(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
     """n > 1: the request on one decode alone, a miss that keeps no handle; admitted through the decode's gate
     and cancelled upstream when its client leaves, like every other turn."""
-    await cancel_on_disconnect(receive, send, lambda out: _sampled(state, ctx, receive, out), ctx.gone)
+    await cancel_on_disconnect(receive, send, lambda out: _sampled(state, ctx, receive, out))
 
 
 async def _sampled(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:

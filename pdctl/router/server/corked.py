@@ -8,20 +8,14 @@ reads, the polls) costs more than the Python that decides what to send, so the c
 Here a response's writes go to a `Cork`: the first in a step schedules a flush for the end of that step
 (`call_soon`), later ones join it; the response's last message flushes at once. Nothing waits for bytes that are
 not there yet: what an application sends is on the socket before the event loop polls again, in the order sent.
-
-The cycle also tells the request when its client leaves (turn/context.py's `Gone`, in the scope under GONE_KEY):
-a callback from the connection's loss, not a task per watcher waiting for receive()'s `http.disconnect`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
-from pdctl.router.turn.context import GONE_KEY
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGISendEvent
@@ -58,30 +52,7 @@ class Cork:
 
 
 class CorkedCycle(RequestResponseCycle):
-    """uvicorn's request/response cycle, its writes through a Cork; the response's end is written at once. It is
-    also the request's `Gone`: `lost()` runs the watchers when the connection is lost before the response's end."""
-
-    watchers: list[Callable[[], None]] | None = None  # a class default: cork() swaps the class, __init__ has run
-
-    def left(self) -> bool:
-        return self.disconnected
-
-    def watch(self, callback: Callable[[], None]) -> None:
-        if self.disconnected:
-            asyncio.get_running_loop().call_soon(callback)
-        elif self.watchers is None:
-            self.watchers = [callback]
-        else:
-            self.watchers.append(callback)
-
-    def unwatch(self, callback: Callable[[], None]) -> None:
-        if self.watchers is not None and callback in self.watchers:
-            self.watchers.remove(callback)
-
-    def lost(self) -> None:
-        watchers, self.watchers = self.watchers, None
-        for callback in watchers or ():
-            callback()
+    """uvicorn's request/response cycle, its writes through a Cork; the response's end is written at once."""
 
     async def send(self, message: ASGISendEvent) -> None:
         await super().send(message)
@@ -94,4 +65,3 @@ def cork(cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
     if type(cycle) is RequestResponseCycle:
         cycle.__class__ = CorkedCycle
         cycle.transport = cast(asyncio.Transport, Cork(cycle.transport, loop))
-        cast(dict[str, Any], cycle.scope)[GONE_KEY] = cycle

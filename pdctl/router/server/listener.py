@@ -24,7 +24,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pdctl.router.errors import error_body
-from pdctl.router.server.corked import CorkedCycle, cork
+from pdctl.router.server.corked import cork
 
 _LINGER = 5.0
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
@@ -76,8 +76,6 @@ def protocol_class(limits: Limits) -> type[HttpToolsProtocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
-            if isinstance(self.cycle, CorkedCycle) and self.cycle.disconnected:
-                self.cycle.lost()
 
         def data_received(self, data: bytes) -> None:
             if self._refusal is None:

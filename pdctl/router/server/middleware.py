@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pdctl.router import jsonx
 from pdctl.router.errors import send_error
-from pdctl.router.turn.context import GONE_KEY, NO_BODY, SCOPE_KEY, RequestContext
+from pdctl.router.turn.context import NO_BODY, SCOPE_KEY, RequestContext
 from pdctl.router.turn.metrics import RouterMetrics
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ class RequestId:
         path = scope["path"]
         ctx = RequestContext(os.urandom(16).hex(), t0, scope["method"], path, scope["headers"],
                              scope.get("query_string", b""), self.routes.match(path), NO_BODY)
-        ctx.gone = scope.get(GONE_KEY)
         scope[SCOPE_KEY] = ctx
         header = (b"x-request-id", ctx.rid.encode())
 

@@ -35,7 +35,7 @@ log = logging.getLogger("pdctl.router")
 
 
 async def completion(state: RouterState, ctx: RequestContext, receive: Receive, send: Send) -> None:
-    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, ctx, out), ctx.gone):
+    if await cancel_on_disconnect(receive, send, lambda out: _completion(state, ctx, out)):
         log.info("[%s] client disconnected; its engine request was cancelled", ctx.rid)
 
 

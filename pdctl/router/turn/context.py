@@ -9,7 +9,6 @@ it travels in the ASGI scope under SCOPE_KEY, the one channel the ASGI contract 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     from pdctl.router.turn.trace import Trace
 
 SCOPE_KEY: Final = "pdctl.request"
-# The client connection's end, where the router's own listener serves the request (server/corked.py).
-GONE_KEY: Final = "pdctl.gone"
 CHAT: Final = "/v1/chat/completions"
 NOT_TAKEN: Final = Taken(None, NOT_ELIGIBLE)
 # The body until JsonBody parses one (a GET's for good): shared, never written, as only POST routes read a body.
@@ -45,14 +42,6 @@ class RouteInfo(Protocol):
     def anthropic(self) -> bool: ...
     @property
     def json_body(self) -> bool: ...
-
-
-class Gone(Protocol):
-    """Whether and when the client connection is lost, told by the server itself: no task waiting on receive()."""
-
-    def left(self) -> bool: ...
-    def watch(self, callback: Callable[[], None]) -> None: ...
-    def unwatch(self, callback: Callable[[], None]) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -83,7 +72,6 @@ class RequestContext:
     choice: Choice | None = None  # a warm turn's KV source as the cost model chose it (turn/cost.py)
     decode_sent: float = 0.0  # perf_counter when the decode request went out (the last attempt's)
     first_byte: float = 0.0  # perf_counter when the client's response started (0: not yet)
-    gone: Gone | None = None  # the connection's end as the server tells it; None: watch receive() instead
 
     @property
     def chat(self) -> bool:

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import httpx
 from starlette.types import Receive, Send
@@ -234,15 +234,13 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         ctx.first_byte = time.perf_counter()
         state.metrics.ttft_seconds.observe(ctx.first_byte - ctx.started)
         if not sse.done:  # a whole answer in the first read (the common short reply) needs no disconnect watch
-            # The client leaving, as the server tells it (ctx.gone), else a task waiting for `http.disconnect`.
-            watch = asyncio.ensure_future(_disconnected(receive)) if ctx.gone is None else None
-            left = ctx.gone.left if ctx.gone is not None else cast("asyncio.Future[None]", watch).done
+            gone = asyncio.ensure_future(_disconnected(receive))
             try:
                 if last:
                     await send({"type": "http.response.body", "body": last, "more_body": True})
                 last = b""
                 async for chunk in chunks:
-                    if left():  # the client left: closing the response makes the decode abort the request
+                    if gone.done():  # the client left: closing the response makes the decode abort the request
                         capture.params = None
                         log.info("[%s] client disconnected; aborting the decode", rid)
                         return True
@@ -264,8 +262,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                 capture.params = None
                 last = b"data: " + error_body(502, "the decode instance failed mid-stream") + b"\n\ndata: [DONE]\n\n"
             finally:
-                if watch is not None:
-                    watch.cancel()
+                gone.cancel()
         else:
             last += sse.flush()
         finish()

@@ -12,8 +12,6 @@ from typing import Any
 
 from starlette.types import Message, Receive, Send
 
-from pdctl.router.turn.context import Gone
-
 
 async def disconnected(receive: Receive) -> None:
     """Return once the client has gone (the request body must have been read already)."""
@@ -21,8 +19,7 @@ async def disconnected(receive: Receive) -> None:
         pass
 
 
-async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send], Coroutine[Any, Any, None]],
-                               gone: Gone | None = None) -> bool:
+async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send], Coroutine[Any, Any, None]]) -> bool:
     """Run `run(send)` to its end, or cancel it when the client disconnects first; True when the client left.
 
     A disconnect after the response's last byte (or an SSE stream's `[DONE]`) is no reason to stop: what follows is
@@ -31,8 +28,7 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
     `run` runs in the caller's own task; one watcher task waits for the disconnect and cancels the caller's task
     (no second task for the work, no `asyncio.wait`: two tasks and a wait cost a streamed reply's worth of CPU).
     The cancellation is the watcher's only while `run` runs (`active`), and is taken back with `uncancel()`, so
-    a cancellation from outside (the server stopping) still propagates. Where the server tells the connection's
-    loss itself (`gone`: the router's listener, server/corked.py) that is the watcher, and there is no task."""
+    a cancellation from outside (the server stopping) still propagates."""
     answered = False
     active = True
     left = False
@@ -46,21 +42,14 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
             answered = True  # a client may hang up on [DONE], before the stream's empty last message
         await send(message)
 
-    def cancel() -> None:
+    def gone(_: asyncio.Future[None]) -> None:
         nonlocal left
         if active and not answered and not left:
             left = True
             me.cancel()
 
-    def done(_: asyncio.Future[None]) -> None:
-        cancel()
-
-    watcher: asyncio.Future[None] | None = None
-    if gone is not None:
-        gone.watch(cancel)
-    else:
-        watcher = asyncio.ensure_future(disconnected(receive))
-        watcher.add_done_callback(done)
+    watcher = asyncio.ensure_future(disconnected(receive))
+    watcher.add_done_callback(gone)
     try:
         await run(tracked)
     except asyncio.CancelledError:
@@ -69,11 +58,8 @@ async def cancel_on_disconnect(receive: Receive, send: Send, run: Callable[[Send
         return True
     finally:
         active = False
-        if watcher is not None:
-            watcher.remove_done_callback(done)
-            watcher.cancel()
-        elif gone is not None:
-            gone.unwatch(cancel)
+        watcher.remove_done_callback(gone)
+        watcher.cancel()
     if left:  # `run` swallowed the cancellation and returned: the client left all the same
         me.uncancel()
         return True

@@ -67,8 +67,7 @@ async def completion(state: RouterState, ctx: RequestContext, receive: Receive, 
     try:
         if state.config.mode == "aggregated":
             await aggregated.completion(state, ctx, receive, send)
-        elif await cancel_on_disconnect(receive, send, lambda out: _turn(state, ctx, receive, out),
-                                          ctx.gone):
+        elif await cancel_on_disconnect(receive, send, lambda out: _turn(state, ctx, receive, out)):
             log.info("[%s] client disconnected; its upstream work was cancelled", ctx.rid)
     finally:
         if tracer is not None and tr is not None:
