@@ -103,12 +103,16 @@ class SlurmLab:
         raise RuntimeError(f"slurm nodes not idle after {timeout:g}s: {out!r}; see {self.tmp}")
 
     def close(self) -> None:
+        # The cluster and its state are thrown away: a daemon gets 2 s to end. A slurmd whose job was just cancelled
+        # sat out the whole grace on SIGTERM (10 s then); what its steps left runs in its namespace, which the lab's
+        # close kills.
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2
         for p in self.procs:
             try:
-                p.wait(10)
+                p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
