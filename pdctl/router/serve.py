@@ -6,7 +6,6 @@ CLI) and, behind pdctl's own error boundary, for `pdctl router`.
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import logging
 import os
@@ -122,19 +121,6 @@ def check_state_dir(path: str | None) -> None:
                          hint="give a directory this user can write, or leave --state-dir out")
 
 
-# The collector's young-generation threshold (CPython's default: 700 new container objects). A request makes
-# hundreds (coroutines, futures, dicts), so at 700 a loaded router collected every few requests, and each
-# collection's survivors moved on to the older generations' walks; 6 % of its CPU went to the collector.
-GC_THRESHOLD = (10_000, 10, 10)
-
-
-def tune_gc() -> None:
-    """Collect less often, and never walk what startup made (modules, classes, the app): it is never garbage."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
-
-
 def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -> None:
     import uvicorn
 
@@ -147,10 +133,8 @@ def serve(config: RouterConfig, host: str, port: int, log_level: str = "info") -
     cap = connection_cap(config.max_client_connections, nofile)
     logging.getLogger("pdctl.router").info("open-file limit %d; at most %d client connections", nofile, cap)
     limits = Limits(config.header_timeout, config.max_headers, config.max_header_bytes, cap)
-    app = create_app(config)
-    tune_gc()
     uvicorn.run(
-        app,
+        create_app(config),
         host=host,
         port=port,
         loop="uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
