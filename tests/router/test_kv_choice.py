@@ -53,6 +53,8 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
         for c in convs:  # cold turns: the prefill's rate, the P->D pull's, the decode's step
             assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+        # The client reads a stream's end a moment before the router counts it done: until then the decode is busy.
+        _until(lambda: r.stats()["decode"][0]["outstanding"] == 0, "the cold turns never finished on the decode")
         first = convs[0].turn(f"{MORE} a")
         # Nothing measured yet for the decode alone: the rule before the model (load: the decode is idle).
         assert (first.outcome, first.reason) == ("hit", "decode_local"), first.reuse
@@ -72,6 +74,7 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         assert rates[pd.decode_url]["step_ms"], rates
         assert any(link["direction"] == "p_to_d" for link in stats["rates"]["links"]), stats["rates"]
 
+        _until(lambda: r.stats()["decode"][0]["outstanding"] == 0, "the earlier turns never finished on the decode")
         idle = convs[0].turn(f"{MORE} d")  # an idle decode: nothing else to stall, the local turn is cheapest
         assert (idle.outcome, idle.reason) == ("hit", "decode_local"), idle.reuse
         said = KvChoice.parse(idle.headers.get("x-pd-kv-choice"))
