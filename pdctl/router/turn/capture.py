@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdctl.router import jsonx
+from pdctl.router.jsonx import DecodeError, dumps, loads
 from pdctl.router.upstream.sse import SseEvents
 
 
@@ -145,13 +145,13 @@ class SseRewriter:
             self.done = True
             return event + b"\n\n"
         try:
-            obj = jsonx.loads(event[5:])
-        except jsonx.DecodeError:
+            obj = loads(event[5:])
+        except DecodeError:
             return event + b"\n\n"
         if not isinstance(obj, dict):
             return event + b"\n\n"
         self.capture.take(obj)
         if (b"kv_transfer_params" in event or (not self.capture.keep_ids and b"token_ids" in event)
                 or b'"prompt_tokens"' in event):  # usage: take() set the client's cached_tokens in it
-            return b"data: " + jsonx.dumps(obj) + b"\n\n"
+            return b"data: " + dumps(obj) + b"\n\n"
         return event + b"\n\n"  # take() stripped nothing: the event's own bytes, not serialised again

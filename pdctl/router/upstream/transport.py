@@ -22,13 +22,15 @@ class _Conn(asyncio.Protocol):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
+        # The loop, once: asyncio.get_running_loop() makes a getpid() system call on each call (Python 3.11).
+        self.loop = asyncio.get_running_loop()
         self.reset()
 
     def reset(self) -> None:
         self.released = False
         self.keep_alive = False
         self.headers: list[tuple[bytes, bytes]] = []
-        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.head: asyncio.Future[None] = self.loop.create_future()
         self.chunks: deque[bytes] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.done = False
@@ -94,8 +96,8 @@ class _Conn(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self.waiter = asyncio.get_running_loop().create_future()
-            await _wait(self.waiter, timeout, "upstream sent nothing in time")
+            self.waiter = self.loop.create_future()
+            await _wait(self.loop, self.waiter, timeout, "upstream sent nothing in time")
 
 
 def _write(conn: _Conn, payload: bytes) -> None:
@@ -116,7 +118,8 @@ def _close(conn: _Conn) -> None:
         conn.transport.close()
 
 
-async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) -> None:
+async def _wait(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], timeout: float | None,
+                message: str) -> None:
     """Await `fut`, failing it with httpx.ReadTimeout after `timeout` s (a timer, cheaper than wait_for)."""
     if timeout is None:
         await fut
@@ -126,7 +129,7 @@ async def _wait(fut: asyncio.Future[None], timeout: float | None, message: str) 
         if not fut.done():
             fut.set_exception(httpx.ReadTimeout(message))
 
-    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    timer = loop.call_later(timeout, expire)
     try:
         await fut
     finally:
@@ -202,7 +205,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             conn, reused = await self._connect(key, connect_timeout, reuse=not fresh)
             try:
                 _write(conn, payload)
-                await _wait(conn.head, read_timeout, "upstream sent no response in time")
+                await _wait(conn.loop, conn.head, read_timeout, "upstream sent no response in time")
                 break
             except httpx.ReadError:
                 # A pooled keep-alive connection the upstream closed just now: retry once on a new one.
