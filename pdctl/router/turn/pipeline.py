@@ -223,7 +223,7 @@ async def _hops(state: RouterState, ctx: RequestContext, receive: Receive, send:
         state.prefill_gate.release()
     v = pre.verdict
     r = v.reuse  # with the prefill's cached figure; built directly (dataclasses.replace costs several times more)
-    reuse = wire.Reuse(r.outcome, r.tokens, r.reason, r.read, r.block, pre.cached)
+    reuse = wire.Reuse(r.outcome, tokens=r.tokens, reason=r.reason, read=r.read, block=r.block, cached=pre.cached)
     offered = offered_tokens(pre.params, state.config.block_size)
     if first:
         state.metrics.reuse_outcome(v.outcome, v.reason, v.tokens, ctx.taken.eligible, v.read, pre.cached)
