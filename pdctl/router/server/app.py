@@ -1,11 +1,13 @@
-"""The router as one ASGI callable: middlewares built explicitly around a small dispatcher; the lifespan owns
-the shared `httpx.AsyncClient` and the timers.
+"""The router as one ASGI callable: its entry steps run in order in one frame, then a small dispatcher; the
+lifespan owns the shared `httpx.AsyncClient` and the timers.
 
-    Http10 -> RequestId -> AnthropicErrors -> ApiKey -> JsonBody -> ConversationHeaders -> Dispatcher
+    HTTP/1.0 -> request id -> Anthropic errors -> API key -> JSON body -> conversation headers -> Dispatcher
 
-RequestId gives each request its RequestContext (context.py) and its route (routes.py: chat and completions,
-/v1/responses, /v1/messages, stateless engine routes, the router's own /health /stats /metrics /v1/models); the
-middlewares inside it and the dispatcher read both.
+The request id step gives each request its RequestContext (context.py) and its route (routes.py: chat and
+completions, /v1/responses, /v1/messages, stateless engine routes, the router's own /health /stats /metrics
+/v1/models); the steps after it and the dispatcher read both. The steps are middleware.py's, anthropic_errors.py's
+and conversation_headers.py's; they were one ASGI middleware each, a coroutine frame per request and a `send`
+wrapper per message, where most requests need two of them to do anything (the router's CPU per request).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -20,13 +24,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_error
 from pdctl.router.server import retention, timers
-from pdctl.router.server.anthropic_errors import AnthropicErrors
+from pdctl.router.server.anthropic_errors import anthropic_shaped
 from pdctl.router.server.conversation_headers import ConversationHeaders
 from pdctl.router.server.membership import Membership
-from pdctl.router.server.middleware import ApiKey, Http10, JsonBody, RequestId
+from pdctl.router.server.middleware import ApiKey, JsonBody, whole_reply, with_request_id
 from pdctl.router.server.otlp import OtlpExporter
-from pdctl.router.server.routes import ROUTES, Route
-from pdctl.router.turn.context import SCOPE_KEY, RequestContext
+from pdctl.router.server.routes import ROUTES, Route, RouteTable
+from pdctl.router.turn.context import NO_BODY, SCOPE_KEY, RequestContext
 from pdctl.router.turn.state import RouterState
 from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.transport import FastTransport
@@ -49,7 +53,9 @@ class Dispatcher:
             return
         if scope["type"] != "http":
             return
-        ctx: RequestContext = scope[SCOPE_KEY]
+        await self.dispatch(scope[SCOPE_KEY], receive, send)
+
+    async def dispatch(self, ctx: RequestContext, receive: Receive, send: Send) -> None:
         route = ctx.route
         if isinstance(route, Route) and ctx.method == route.method:
             await route.handler(self.state, ctx, receive, send)
@@ -116,15 +122,48 @@ class Dispatcher:
             await self.state.client.aclose()
 
 
+class Router:
+    """The ASGI app: each HTTP request's entry steps (the module's docstring), then the dispatcher."""
+
+    def __init__(self, dispatcher: Dispatcher, config: RouterConfig, routes: RouteTable) -> None:
+        self.dispatcher = dispatcher
+        self.state = dispatcher.state
+        self.metrics = dispatcher.state.metrics
+        self.routes = routes
+        self.api_key = ApiKey(config.api_key)
+        self.json_body = JsonBody(config.max_body_bytes, config.body_timeout)
+        self.conversation_headers = ConversationHeaders(config.conversation_headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.dispatcher(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        path = scope["path"]
+        route = self.routes.match(path)
+        method = scope["method"]
+        ctx = RequestContext(os.urandom(16).hex(), t0, method, path, scope["headers"],
+                             scope.get("query_string", b""), route, NO_BODY)
+        scope[SCOPE_KEY] = ctx
+        if scope.get("http_version") == "1.0":
+            send = whole_reply(send)
+        send = with_request_id(ctx, send)
+        if route is not None and route.anthropic:
+            send = anthropic_shaped(send)
+        try:
+            if self.api_key.expected is not None and (route is None or route.auth) and \
+                    self.api_key.refused(ctx.headers):
+                await self.api_key.refuse(send)
+                return
+            if method == "POST":
+                if (route is None or route.json_body) and not await self.json_body.read(ctx, receive, send):
+                    return
+                self.conversation_headers.resolve(ctx)
+            await self.dispatcher.dispatch(ctx, receive, send)
+        finally:
+            self.metrics.request(self.routes.label(route), ctx.status)
+
+
 def create_app(config: RouterConfig, transport: httpx.AsyncBaseTransport | None = None) -> ASGIApp:
     """The router's ASGI app; its state is reachable as `app.state` (a RouterState) for tests and tools."""
-    state = RouterState.create(config)
-    app: ASGIApp = Dispatcher(state, transport)
-    app = ConversationHeaders(app, config.conversation_headers)
-    app = JsonBody(app, config.max_body_bytes, config.body_timeout)
-    app = ApiKey(app, config.api_key)
-    app = AnthropicErrors(app)
-    app = RequestId(app, state.metrics, ROUTES)
-    app = Http10(app)
-    app.state = state  # type: ignore[attr-defined]
-    return app
+    return Router(Dispatcher(RouterState.create(config), transport), config, ROUTES)
