@@ -32,7 +32,7 @@ ROUTER_PUBLIC = ("pdctl.router", "pdctl.router.wire", "pdctl.router.config", "pd
 # A module belongs to the first stage one of whose names it is or is inside of; every router module has one.
 ROUTER_STAGES: tuple[tuple[str, ...], ...] = (
     ("pdctl.router", "pdctl.router.wire", "pdctl.router.reasons", "pdctl.router.documents", "pdctl.router.config",
-     "pdctl.router.errors", "pdctl.router.jsonx"),
+     "pdctl.router.errors", "pdctl.router.jsonx", "pdctl.router.lean_metrics"),
     ("pdctl.router.upstream",),
     ("pdctl.router.kv",),
     ("pdctl.router.turn",),

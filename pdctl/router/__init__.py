@@ -15,6 +15,7 @@ and the base every stage may use:
     config      RouterConfig: every knob, with its default and help
     errors      the one error body (OpenAI's shape; Anthropic's on /v1/messages) and the helpers that send it
     jsonx       fast JSON (orjson when installed)
+    lean_metrics  prometheus_client's Counter and Histogram, the same series, counted without a lock or a bucket walk
     serve       the router's command line (`python -m pdctl.router`, `pdctl router`): options -> config -> uvicorn;
                 it sits with server/, at the top
 """

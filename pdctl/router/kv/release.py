@@ -42,12 +42,13 @@ from collections import Counter as Tally
 from typing import Any
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from pdctl import prefix_check
 from pdctl.router import jsonx
 from pdctl.router.kv.handles import PRESSURE, RECLAIMED, REPLACED, SHUTDOWN, SINGLE_TURN, UNREAD, Handle, Pins
 from pdctl.router.kv.pins import pinned_tokens
+from pdctl.router.lean_metrics import Counter
 from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool
 

@@ -8,10 +8,11 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from pdctl import __version__
 from pdctl.router.kv.release import ReleaseMetrics
+from pdctl.router.lean_metrics import Counter, Histogram
 from pdctl.router.upstream.admission import Gate
 from pdctl.router.upstream.pools import Pool
 from pdctl.router.wire import (
