@@ -3,7 +3,7 @@ mode, whole engines).
 
 A folder per stage; each imports only the stages below it (tests/test_layering.py):
 
-    server/     the HTTP server: listener, ASGI stack, middlewares, route table, own endpoints, passthrough
+    server/     the HTTP server: listener, ASGI app and its entry steps, route table, own endpoints, passthrough
     api/        chat and completions, the Responses API, Anthropic Messages: request in -> turn -> response out
     turn/       one conversation turn, stage by stage (turn/pipeline.py), its context and the router's state
     kv/         conversation identity, decode handles, pins and their release, KV use, kept responses

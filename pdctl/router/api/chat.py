@@ -1,7 +1,7 @@
 """POST /v1/chat/completions and /v1/completions: one conversation turn, or a request that is several (batches.py).
 
 These are the engines' own APIs, so nothing is translated: the body goes to the turn pipeline as the client sent
-it (less what the middlewares took out: `kv_transfer_params`, `conversation_id`).
+it (less what the entry steps took out: `kv_transfer_params`, `conversation_id`).
 """
 
 from __future__ import annotations

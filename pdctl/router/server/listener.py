@@ -6,8 +6,8 @@ headers) would hold file descriptors until the router fails for everyone. Here:
     a request head must arrive within `header_timeout`         -> 408 and close
     at most `max_headers` headers and `max_header_bytes` bytes  -> 431 and close
     at most `max_connections` open client connections           -> 503 + Retry-After at once, and close
-Body read deadlines are the JsonBody middleware's; idle keep-alive is uvicorn's `timeout_keep_alive`. A response's
-writes in one event-loop step reach the socket as one write (corked.py).
+Body read deadlines are the JSON body step's (middleware.JsonBody); idle keep-alive is uvicorn's
+`timeout_keep_alive`. A response's writes in one event-loop step reach the socket as one write (corked.py).
 
 A refusal is a lingering close: the answer, then a half-close, then whatever the client still sends is read and
 dropped until it closes or `_LINGER` seconds pass. Closing at once with unread bytes in the socket makes the kernel

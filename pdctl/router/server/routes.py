@@ -1,4 +1,4 @@
-"""The router's routes, declared once: the dispatcher (app.Dispatcher) runs their handlers, the middlewares read
+"""The router's routes, declared once: the dispatcher (app.Dispatcher) runs their handlers, the entry steps read
 what they need of them (the metrics label, whether the API key is asked, which error shape is spoken).
 
 A path with no route is a 404 (after the API key); a route called with another method is a 405 when it takes

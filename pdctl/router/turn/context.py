@@ -1,9 +1,9 @@
-"""One request's own data: created once at the router's entry (middleware.RequestId) and handed down.
+"""One request's own data: created once at the router's entry (server/app.py's Router) and handed down.
 
-The middlewares fill it in (JsonBody: the parsed body and its `conversation_id`; ConversationHeaders: a header's
+The entry steps fill it in (JsonBody: the parsed body and its `conversation_id`; ConversationHeaders: a header's
 id), the dispatcher runs its route's handler with it, and the hops read it rather than long parameter lists: the
-request id, the engine path, the body, the conversation it resolved to, the handle it took. Between middlewares
-it travels in the ASGI scope under SCOPE_KEY, the one channel the ASGI contract gives them. A translated request
+request id, the engine path, the body, the conversation it resolved to, the handle it took. It also travels in
+the ASGI scope under SCOPE_KEY, the one channel the ASGI contract gives an app's layers. A translated request
 (Responses, Messages) and each prompt of a batch are served as a copy with their own path or body.
 """
 
@@ -53,7 +53,7 @@ class RequestContext:
     headers: list[tuple[bytes, bytes]]  # the client's, as the server gave them
     query: bytes
     route: RouteInfo | None  # the client's route (None: no such path)
-    body: dict[str, Any]  # NO_BODY, or the parsed JSON object (JsonBody)
+    body: dict[str, Any]  # NO_BODY, or the parsed JSON object (the JSON body step, middleware.JsonBody)
     status: int = 500  # of the response, once it started
     cid: object = None  # the client's conversation id: the body's `conversation_id` (any JSON), else a header's
     cid_in_body: bool = False
