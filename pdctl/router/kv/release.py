@@ -27,8 +27,10 @@ ignored; only the prefill's one block stays for `kv_lease_duration`. `remote_blo
 no prefill declines the notify as an expired read. tests/unit/test_vllm_compat_scheduler.py runs this request
 through the fixture's real scheduler code, stock and patched.
 
-Releases run as background tasks, `release_concurrency` at a time, never on a turn's path; each goes to the least
-loaded healthy prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
+Releases run in the background, `release_concurrency` at a time, never on a turn's path: a queue drained by at most
+that many worker tasks, started when releases come and ended when the queue is empty (no task per release: the
+steady state of a full handle table is one release per new conversation). Each goes to the least loaded healthy
+prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
 notify). A failed release logs a warning and counts; the handle is gone either way. A release stays in the pin
 journal (journal.py) until it is done, so a router that dies with releases queued leaves them to the next one.
 """
@@ -39,6 +41,7 @@ import asyncio
 import logging
 import os
 from collections import Counter as Tally
+from collections import deque
 from typing import Any
 
 import httpx
@@ -113,8 +116,10 @@ class Releaser:
         self.client: LeanClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
         self.enabled = enabled
-        self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self.concurrency = max(1, concurrency)
+        self._queue: deque[tuple[Handle, str, int]] = deque()  # (handle, reason, its pinned tokens) not yet sent
+        self._workers: set[asyncio.Task[None]] = set()
+        self._open = 0  # releases submitted and not yet done (queued or being sent)
         self.pending: Tally[str] = Tally()  # decode URL -> its releases not yet done (a drain waits for 0)
         self.pending_tokens: Tally[str] = Tally()  # decode URL -> the tokens those releases will free (whole blocks)
         self.block_size = block_size
@@ -124,33 +129,50 @@ class Releaser:
     @property
     def queued(self) -> int:
         """Releases submitted and not yet done (bounded by MAX_PENDING)."""
-        return len(self._tasks)
+        return self._open
 
     def submit(self, h: Handle, reason: str) -> None:
         if not self.enabled or self.client is None:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a table used outside the router): nothing can be sent
-            return
-        if len(self._tasks) >= MAX_PENDING:
+        loop = None
+        if len(self._workers) < self.concurrency:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a table used outside the router): nothing can be sent
+                return
+        if self._open >= MAX_PENDING:
             self.metrics.count(reason, "failed")
             log.warning("release backlog full (%d): the blocks of a %s handle stay pinned on %s until its TTL",
                         MAX_PENDING, reason, h.decode_url)
             return
-        task = loop.create_task(self._send(h, reason))
-        self._tasks.add(task)
-        self._idle.clear()
         tokens = pinned_tokens(h.num_tokens, self.block_size)
+        self._queue.append((h, reason, tokens))
+        self._open += 1
+        self._idle.clear()
         self.pending[h.decode_url] += 1
         self.pending_tokens[h.decode_url] += tokens
         if self.journal is not None:
             self.journal.pin(h)
-        task.add_done_callback(lambda t: self._done(t, h, tokens))
+        if loop is not None:
+            worker = loop.create_task(self._work())
+            self._workers.add(worker)
+            worker.add_done_callback(self._workers.discard)
 
-    def _done(self, task: asyncio.Task[bool], h: Handle, tokens: int) -> None:
+    async def _work(self) -> None:
+        """Send queued releases one after the other until none is left."""
+        while self._queue:
+            h, reason, tokens = self._queue.popleft()
+            done = False
+            try:
+                done = await self._send(h, reason)
+            except Exception:  # a bug, not the network (_send handles that): the release stays in the journal
+                log.exception("release of a %s handle on %s failed", reason, h.decode_url)
+            finally:  # cancelled (the router stopped): not done either
+                self._done(h, tokens, done)
+
+    def _done(self, h: Handle, tokens: int, done: bool) -> None:
         url = h.decode_url
-        self._tasks.discard(task)
+        self._open -= 1
         self.pending[url] -= 1
         if self.pending[url] <= 0:
             del self.pending[url]
@@ -159,48 +181,46 @@ class Releaser:
             del self.pending_tokens[url]
         # A release cancelled (the router stopped) or failed (no prefill took it) stays in the journal: the next
         # router tries it again, unless the decode's TTL has freed the blocks by then.
-        done = not task.cancelled() and task.exception() is None and task.result()
         if self.journal is not None and done:
             self.journal.unpin(h)
-        if not self._tasks:
+        if not self._open:
             self._idle.set()
 
     async def drained(self, timeout: float) -> bool:
         """Wait until no release is left (at most `timeout` seconds); whether none is."""
-        if not self._tasks:
+        if not self._open:
             return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
-            return not self._tasks
+            return not self._open
         return True
 
     async def _send(self, h: Handle, reason: str) -> bool:
         """Whether the release is done with (sent, or nothing left to release); False: it failed."""
-        async with self._slots:
-            d = self.decode.by_url(h.decode_url)
-            if d is None or not d.healthy or d.generation != h.generation:
-                self.metrics.count(reason, "skipped")
-                return True
-            ups = self.prefill.healthy()
-            if not ups:
-                self._failed(h, reason, "no healthy prefill")
-                return False
-            p = min(ups, key=lambda u: u.outstanding)
-            client = self.client
-            assert client is not None
-            url, body = f"{p.url}/v1/completions", jsonx.dumps(release_body(h, self.model))
-            headers = {"content-type": "application/json", "x-request-id": f"release-{os.urandom(16).hex()}"}
-            try:
-                status = (await client.post_whole(url, body, headers, TIMEOUT_S)).status_code
-            except httpx.HTTPError as e:
-                self._failed(h, reason, f"{p.url}: {type(e).__name__}")
-                return False
-            if status != 200:
-                self._failed(h, reason, f"{p.url} answered {status}")
-                return False
-            self.metrics.count(reason, "sent")
+        d = self.decode.by_url(h.decode_url)
+        if d is None or not d.healthy or d.generation != h.generation:
+            self.metrics.count(reason, "skipped")
             return True
+        ups = self.prefill.healthy()
+        if not ups:
+            self._failed(h, reason, "no healthy prefill")
+            return False
+        p = min(ups, key=lambda u: u.outstanding)
+        client = self.client
+        assert client is not None
+        url, body = f"{p.url}/v1/completions", jsonx.dumps(release_body(h, self.model))
+        headers = {"content-type": "application/json", "x-request-id": f"release-{os.urandom(16).hex()}"}
+        try:
+            status = (await client.post_whole(url, body, headers, TIMEOUT_S)).status_code
+        except httpx.HTTPError as e:
+            self._failed(h, reason, f"{p.url}: {type(e).__name__}")
+            return False
+        if status != 200:
+            self._failed(h, reason, f"{p.url} answered {status}")
+            return False
+        self.metrics.count(reason, "sent")
+        return True
 
     def _failed(self, h: Handle, reason: str, why: str) -> None:
         self.metrics.count(reason, "failed")
@@ -208,6 +228,7 @@ class Releaser:
                     reason, h.decode_url, why)
 
     async def close(self) -> None:
-        for t in list(self._tasks):
+        self._queue.clear()  # never sent: they stay in the journal for the next router
+        for t in list(self._workers):
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._workers, return_exceptions=True)
