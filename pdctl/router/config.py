@@ -118,10 +118,9 @@ class RouterConfig:
         LOCAL_STALL_RATIO,
         "--local-policy cost: the most a warm turn on its decode alone may lengthen the step of that decode's other "
         "streams, against the step they see anyway (a turn through a prefill stalls them not at all); beside other "
-        "streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone, the turn's own "
-        "TTFT deciding (more warm turns local: lower TTFT, longer gaps for the other streams; docs/router.md); "
-        "until the decode's compute is measured it is priced at the prefill's (before that is measured too, a "
-        "turn lacking at most 512 tokens runs there beside other streams).",
+        "streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone (more warm turns "
+        "local: lower TTFT, longer gaps for the other streams; docs/router.md), and before the rates are measured "
+        "a turn lacking at most 512 tokens runs there beside other streams too.",
     )
     api_key: str | None = field(default=None, repr=False)
     """The key clients must send; given as --api-key-env, never in argv."""

@@ -85,9 +85,9 @@ class Router(Strict):
         description="local_policy cost: the most a warm turn on its decode alone may lengthen the step of that "
         "decode's other streams, against the step they see anyway (default 1.2: their ITL stays near ON via "
         "prefill's; until the decode's rates are measured every turn beside other streams goes through a prefill). "
-        "0: no such bound, itl_slo_ms alone, the turn's own TTFT deciding, and until the decode's compute is "
-        "measured it is priced at the prefill's: on one H100 before the bound, warm TTFT p90 104 ms against ON "
-        "via prefill's 451, at 2.1x its ITL p99 (106 against 51 ms; docs/results/h100-1gpu-evict).",
+        "0: no such bound, itl_slo_ms alone, and a turn lacking at most 512 tokens runs locally before the rates "
+        "are measured: on one H100 before the bound, warm TTFT p90 104 ms against ON via prefill's 451, at 2.1x "
+        "its ITL p99 (106 against 51 ms; docs/results/h100-1gpu-evict).",
     )
 
     release: bool = Field(

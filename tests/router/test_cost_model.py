@@ -60,11 +60,9 @@ def test_a_busy_decode_refuses_a_turn_whose_step_would_break_the_itl_budget() ->
     assert (c.source, c.refused) == (DECODE_READ, "itl")
     # The same turn on an idle decode stalls nobody: it runs there.
     assert choose(turn(8000, 2000, streams=0), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
-    # A larger budget takes it, unless the stall summed over the streams, priced where a stall ratio is set, makes
-    # the prefill cheaper; with none (0) the budget alone bounds the other streams and the turn runs there.
-    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=100)
+    # A larger budget takes it, unless the stall summed over the streams makes the prefill cheaper.
+    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=0)
     assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")
-    assert choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=0).source == DECODE_CACHE
 
 
 def test_an_idle_decode_takes_a_long_local_turn_that_a_busy_one_refuses_for_its_stall() -> None:
@@ -201,9 +199,8 @@ def test_local_stall_ratio_zero_bounds_a_local_turn_by_the_itl_budget_alone() ->
 
 
 def test_local_stall_ratio_zero_lets_a_short_unmeasured_turn_run_beside_other_streams() -> None:
-    # So that a decode that always has other streams gets its local rates measured: up to SAFE_LOCAL_TOKENS while
-    # not even the prefill's compute is measured (once it is, the decode's is priced at it: the test below).
-    unknown = Speeds(None, None, per_s(200_000), per_s(400_000), 20.0)
+    # So that a decode that always has other streams gets its local rates measured: up to SAFE_LOCAL_TOKENS.
+    unknown = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
     assert SAFE_LOCAL_TOKENS == 512
     short = choose(turn(8000, 512, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)
     assert (short.basis, short.refused) == ("default", None)  # the load rule's to place, as before the bound
@@ -234,9 +231,9 @@ def test_the_way_through_the_prefill_is_compared_as_its_turns_measured_against_t
     # their predictions (the prefill's own cache held the history the model priced as a read): the prefill is
     # the cheaper way.
     t = turn(8000, 1000, streams=1, prefill_queued=2000)
-    local = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=100)  # a ratio that does not bound it; the stall priced
+    local = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=0)
     assert (local.source, local.ttft_ms, local.others_ms) == (DECODE_CACHE, 145.0, 125.0)
-    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP, stall_ratio=100)
+    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP, stall_ratio=0)
     assert (c.source, c.refused, c.ttft_ms) == (DECODE_READ, "slower", 457.5)  # it says the model's prediction
     rates = Rates(lambda: 1.0)
     assert rates.bias("prefill") == 1.0  # not measured: no correction
@@ -397,33 +394,3 @@ def test_every_choice_series_is_exported_at_zero_and_a_model_choice_adds_its_pre
     assert value('pdctl_router_kv_choice_ttft_seconds_count{kind="measured",source="decode_cache"}') == 0
     assert value('pdctl_router_kv_choice_local_refused_total{why="itl"}') == 1
     assert made.stats().measured_turns == 1
-
-
-def test_without_a_stall_bound_an_unmeasured_decode_is_priced_at_the_prefills_compute() -> None:
-    # The decode's own compute not measured, the prefill's is (8k tokens/s): 1000 tokens beside 6 streams is a
-    # 125 ms stall on a 20 ms step, 145 ms within the 150 ms planned: the decode alone, priced by the model.
-    prior = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
-    t = turn(8000, 1000, streams=6)
-    c = choose(t, prior, FLOOR, SLO, CAP, stall_ratio=0)
-    assert (c.source, c.basis, c.refused) == (DECODE_CACHE, "model", None)
-    assert c.ttft_ms == pytest.approx(1000 / 8 + 20)  # the prefill's line (no fixed part here) and a step
-    assert c.others_ms == pytest.approx(6 * 125)  # reported, though not priced without the bound
-    # The ITL budget still holds on the prior: 1100 tokens, a 157.5 ms step.
-    assert choose(replace(t, missing=1100), prior, FLOOR, SLO, CAP, stall_ratio=0).refused == "itl"
-    # Turns that came in slower than predicted price the prior's stall up as they do a measured line.
-    assert choose(t, replace(prior, local_bias=1.5), FLOOR, SLO, CAP, stall_ratio=0).refused == "itl"
-    # The default (ratio 1.2) does not guess: the same turn goes through the prefill, refused unmeasured.
-    assert choose(t, prior, FLOOR, SLO, CAP).refused == "unmeasured"
-    # Once the decode's own line is measured it replaces the prior: at 4k tokens/s the same turn breaks the budget.
-    assert choose(t, replace(prior, local=per_s(4000)), FLOOR, SLO, CAP, stall_ratio=0).refused == "itl"
-
-
-def test_without_a_stall_bound_the_turns_own_ttft_decides_not_the_other_streams_stall() -> None:
-    # 600 tokens beside 6 streams: local 95 ms against ~232 through the prefill; its 75 ms stall summed over the six
-    # streams (450 ms) makes it the dearer way where that stall is priced (a ratio high enough not to bound it).
-    t = turn(8000, 600, streams=6)
-    bounded = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=100)
-    assert (bounded.source, bounded.refused) == (DECODE_READ, "slower")
-    free = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=0)
-    assert (free.source, free.basis, free.refused) == (DECODE_CACHE, "model", None)
-    assert bounded.ttft_ms is not None and free.ttft_ms is not None and free.ttft_ms < bounded.ttft_ms

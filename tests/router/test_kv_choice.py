@@ -202,45 +202,6 @@ def test_a_restarted_decode_starts_again_from_the_rule_before_the_model(tmp_path
             decode.stop()
 
 
-def test_without_a_stall_bound_a_long_turn_on_an_unmeasured_busy_decode_is_priced_at_the_prefills_compute(
-        tmp_path: Path) -> None:
-    # --local-stall-ratio 0: once the prefill's compute is measured, a decode that has never run a local turn (it
-    # always has other streams) takes one of ~700 tokens, past the 512 it may take unpriced, at the prefill's price
-    # (basis model); the default sends the same turn through the prefill (priced by the model), refused unmeasured.
-    long = " ".join(f"l{i}" for i in range(700))
-    for ratio, source, basis, refused in (("0", "decode_cache", "model", None),
-                                          ("1.2", "decode_read", "model", "unmeasured")):
-        (tmp_path / ratio).mkdir()
-        with (
-            sim_pair(tmp_path / ratio, speed=5, threshold=0) as pd,
-            router_process(tmp_path / ratio, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
-                           "--local-policy", "cost", "--local-stall-ratio", ratio) as r,
-        ):
-            convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(3)]
-            for c, n in zip(convs, (100, 600, 1500), strict=True):  # cold turns of spread sizes (the prefill's
-                # compute line gets its fixed part), the P->D pull, the decode's step; no local turn
-                text = " ".join(f"w{i}" for i in range(n))
-                assert c.turn(f"{uuid.uuid4().hex} {text}").reason == "new_conversation"
-            rates = _choice(r)["rates"]["engines"]
-            assert rates[pd.prefill_url]["tokens_per_s"] and not rates[pd.decode_url]["tokens_per_s"], rates
-            other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=150)  # ~1 s of decoding
-            streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
-            streaming.start()
-            _until(lambda: r.stats()["decode"][0]["outstanding"] >= 1, "the other stream never started")
-            warm = convs[0].turn(long)
-            streaming.join()
-            said = KvChoice.parse(warm.headers.get("x-pd-kv-choice"))
-            assert said is not None and (said.source, said.basis, said.refused) == (source, basis, refused), said
-            assert warm.status == 200 and warm.outcome == "hit", warm.reuse
-            if ratio == "0":  # a second local turn, and the decode's own compute is measured: it replaces the prior
-                second = convs[1].turn(long)
-                assert KvChoice.parse(second.headers.get("x-pd-kv-choice")) is not None and second.status == 200
-                assert (second.outcome, second.reason) == ("hit", "decode_local"), second.reuse
-                _until(lambda: bool(_choice(r)["rates"]["engines"][pd.decode_url]["tokens_per_s"]),
-                       f"the decode's compute was never measured: {_choice(r)['rates']}")
-            assert corrupt(pd.prefill, pd.decode) == 0
-
-
 def test_without_a_stall_bound_a_short_turn_beside_other_streams_runs_alone_before_the_rates_are_measured(
         tmp_path: Path) -> None:
     # --local-stall-ratio 0: the decode's local rates get measured on a decode that is never idle; the default sends

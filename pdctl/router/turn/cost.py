@@ -30,16 +30,8 @@ cost in tokens of compute; 0: always read), router.local_prefill_tokens the most
 Until the costs it needs are measured (and again once they go stale) the model is not used: the turn reads past
 min_read_tokens and, when its decode has no other stream, is placed by the `load` policy, the behaviour before the
 model (`basis` "default"); beside other streams it goes through the prefill (refused "unmeasured"): a prefill of
-unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
-
-router.local_stall_ratio 0 (no stall bound: the ITL budget alone, for deployments where the warm turn's TTFT matters
-more than the other streams' largest gap) changes two things. A decode whose own compute is not measured yet has it
-priced at the prefill's (the same model: a prior, replaced by the decode's own line after two local turns, and
-priced up by the local bias as its turns come in slower); only while the prefill is not measured either does one
-lacking at most SAFE_LOCAL_TOKENS go to `load` instead. And the choice is by the turn's own TTFT: the other streams'
-stall is bounded by the ITL budget, not priced again (with the ratio, their summed stall is added to the local way's
-cost, which on a decode with several streams sends nearly every turn of a few hundred tokens through the prefill:
-one H200, 9-12 agent sessions, docs/results/h200-1gpu-evict).
+unknown cost is not put in a busy decode's batch, whose stall every stream there pays (with router.local_stall_ratio
+0, one lacking at most SAFE_LOCAL_TOKENS is still placed by `load`, so that the decode's local rates get measured).
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -156,19 +148,16 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
            stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
     """The cheapest source within the ITL budget, the decode alone among them when it lacks at most `local_cap`
     tokens and, beside other streams, lengthens their step at most `stall_ratio` times (0: no such bound, the ITL
-    budget alone, the turn's own TTFT deciding, an unmeasured decode priced at the prefill's compute). basis
-    "default" (a cost it needs not measured): the caller places the turn as before the model."""
+    budget alone). basis "default" (a cost it needs not measured): the caller places the turn as before the
+    model."""
     via = through_prefill(t, s, floor)
     if t.missing > local_cap:
         return _refused(via, "cap")
-    line = s.local
-    if line is None and stall_ratio <= 0:  # no stall bound: its compute priced at the prefill's
-        line = s.prefill
-    if line is None or via.ttft_ms is None or s.step_ms is None:
+    if s.local is None or via.ttft_ms is None or s.step_ms is None:
         return unmeasured(t, via, stall_ratio)
     # A local turn's own TTFT is about the step that computes its prompt: where those came in slower than
     # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
-    per_token = line.per_token_ms * max(1.0, s.local_bias)
+    per_token = s.local.per_token_ms * max(1.0, s.local_bias)
     stall = t.missing * per_token
     step = s.step_ms
     # The prompts already queued on the decode (other local turns before their first token) share those steps.
@@ -177,13 +166,10 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
         return _refused(via, "itl")
     if t.streams > 0 and stall_ratio > 0 and stalled > stall_ratio * step:
         return _refused(via, "stall")
-    local_ttft = line.ms(t.decode_queued + t.missing) + step
+    local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
     # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
-    # Without a stall bound the other streams' stall is the ITL budget's to bound (checked above), not priced again:
-    # the turn's own TTFT decides.
-    priced = others if stall_ratio > 0 else 0.0
-    if local_ttft * s.local_bias + priced <= via.ttft_ms * s.via_bias:
+    if local_ttft * s.local_bias + others <= via.ttft_ms * s.via_bias:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)
     return _refused(via, "slower")
 
