@@ -1,4 +1,4 @@
-"""The simulator's HTTP surfaces: vLLM's OpenAI API on --host:--port and the NIXL side channel on
+"""The simulator's HTTP surfaces: vLLM's OpenAI API on --host:--port and the NIXL side channel (side_channel.py) on
 VLLM_NIXL_SIDE_CHANNEL_HOST:PORT, both served by one uvicorn server and told apart by local port."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pdctl.sim.engine import Engine, EngineError, GenRequest, Run
 from pdctl.sim.gone import ClientGone, collect, unless_gone
 from pdctl.sim.metrics import SimMetrics, log_stats
 from pdctl.sim.protocol import sse
+from pdctl.sim.side_channel import SideChannel
 from pdctl.sim.tokenizer import decode, generate, token_str, unknown_share
 
 log = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -66,10 +67,7 @@ class SimServer:
             Route("/version", lambda _: JSONResponse({"version": "0.26.0+pdctl.sim"})),
             Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
         ], exception_handlers={404: _not_found, 405: _not_allowed})
-        self.side = Starlette(routes=[
-            Route("/handshake", self.handshake), Route("/read", self.side_read, methods=["POST"]),
-            Route("/notify", self.side_notify, methods=["POST"]),
-        ])
+        self.side = SideChannel(self.engine).app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -347,33 +345,6 @@ class SimServer:
         if self.cfg.die_after and self.finished >= self.cfg.die_after:
             log.error("pdctl-sim: --die-after %d reached, exiting", self.cfg.die_after)
             asyncio.get_running_loop().call_later(0.2, os._exit, 1)
-
-    # -- side channel ---------------------------------------------------------------------------------------
-    async def handshake(self, _: Request) -> JSONResponse:
-        return JSONResponse(self.engine.store.handshake())
-
-    async def side_read(self, request: Request) -> JSONResponse:
-        try:
-            body = await request.json()
-            ids = [int(b) for b in body["block_ids"]]
-            tokens = self.engine.store.serve_read(str(body["request_id"]), ids)
-        except (ValueError, KeyError, TypeError) as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
-        self.engine.gauges()
-        return JSONResponse({"tokens": tokens})
-
-    async def side_notify(self, request: Request) -> JSONResponse:
-        """A peer is done with these requests' blocks: `{"request_ids": [...]}` (a batch) or `{"request_id": ...}`."""
-        try:
-            body = await request.json()
-            ids = body["request_ids"] if "request_ids" in body else [body["request_id"]]
-            if not isinstance(ids, list):
-                raise TypeError("request_ids must be a list of request ids")
-            freed = sum(self.engine.store.release(str(rid), "released") for rid in ids)
-        except (ValueError, KeyError, TypeError) as e:
-            return JSONResponse({"error": f"notify body: {e}"}, status_code=400)
-        self.engine.gauges()
-        return JSONResponse({"freed": freed, "ids": len(ids)})
 
     # -- background -----------------------------------------------------------------------------------------
     async def housekeeping(self) -> None:

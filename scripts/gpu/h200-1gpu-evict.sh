@@ -21,7 +21,8 @@ export PDCTL_HOME=$base/home PYTHONUNBUFFERED=1 COLUMNS=160
 cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
 sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
-benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone; c: off, on, on-itl
+benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone; c: off, on, on-itl;
+                                     # d: on-itl, off
 runs=${PDCTL_EVICT_RUNS:-2}          # plays per session count (1 when the device time allows no more)
 common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200
         --runs "$runs")
@@ -34,6 +35,8 @@ legs_b=(--leg "agg:mode=aggregated,model.gpu_memory_utilization=0.9")
 legs_c=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on:connector.bidirectional_kv_xfer=true"
         --leg "on-itl:connector.bidirectional_kv_xfer=true,router.local_stall_ratio=0")
+legs_d=(--leg "on-itl:connector.bidirectional_kv_xfer=true,router.local_stall_ratio=0"
+        --leg "off:connector.bidirectional_kv_xfer=false")
 
 . "$(dirname "$0")/lib.sh"
 
