@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import uuid
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pdctl.router.kv.handles import Handle
-from pdctl.router.kv.release import release_body, release_params
+from pdctl.router.kv.release import ReleaseMetrics, Releaser, release_body, release_params
+from pdctl.router.upstream.client import LeanClient
+from pdctl.router.upstream.pools import Pool
 from tests.conftest import free_port
 from tests.router.conftest import BLOCK, SPEED, RouterProc, router_process
 from tests.router.faults import eventually
@@ -201,3 +205,33 @@ def test_release_options_are_checked_and_exit_2() -> None:
         ">= 1, got 0",
         "hint: see `pdctl router serve --help`",
     ]
+
+
+
+def test_a_release_submitted_as_the_last_worker_finds_the_queue_empty_is_still_sent() -> None:
+    # The worker leaves the running count in the step it finds the queue empty. A release submitted after that step
+    # but before the task's done callbacks run (here: a callback the first send scheduled, ahead of them in the
+    # loop's queue) must start a worker of its own, not wait in the queue for a later release to come.
+    sent: list[str] = []
+
+    class Recording(Releaser):
+        async def _send(self, h: Handle, reason: str) -> bool:
+            await asyncio.sleep(0)
+            sent.append(h.conversation)
+            if h.conversation == "first":
+                asyncio.get_running_loop().call_soon(self.submit, Handle("second", {}, "http://d", None, 0.0, 1.0),
+                                                     "unread")
+            return True
+
+    async def main() -> None:
+        r = Recording(Pool("prefill", ["http://p"]), Pool("decode", ["http://d"]), "m",
+                      ReleaseMetrics(CollectorRegistry()), concurrency=1)
+        r.client = cast(LeanClient, object())  # submit only checks that the router set one
+        r.submit(Handle("first", {}, "http://d", None, 0.0, 1.0), "unread")
+        assert await r.drained(2.0), f"a release never went out: sent {sent}, queued {r.queued}"
+        await asyncio.sleep(0.05)
+        assert await r.drained(2.0), f"the second release never went out: sent {sent}, queued {r.queued}"
+        assert sent == ["first", "second"] and r.queued == 0
+        await r.close()
+
+    asyncio.run(main())

@@ -119,6 +119,9 @@ class Releaser:
         self.concurrency = max(1, concurrency)
         self._queue: deque[tuple[Handle, str, int]] = deque()  # (handle, reason, its pinned tokens) not yet sent
         self._workers: set[asyncio.Task[None]] = set()
+        # Workers draining the queue: one leaves this count in the same step as it finds the queue empty, so a
+        # release submitted after that step starts a worker (the task set's done callback comes a step later).
+        self._running = 0
         self._open = 0  # releases submitted and not yet done (queued or being sent)
         self.pending: Tally[str] = Tally()  # decode URL -> its releases not yet done (a drain waits for 0)
         self.pending_tokens: Tally[str] = Tally()  # decode URL -> the tokens those releases will free (whole blocks)
@@ -135,7 +138,7 @@ class Releaser:
         if not self.enabled or self.client is None:
             return
         loop = None
-        if len(self._workers) < self.concurrency:
+        if self._running < self.concurrency:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop (a table used outside the router): nothing can be sent
@@ -154,21 +157,25 @@ class Releaser:
         if self.journal is not None:
             self.journal.pin(h)
         if loop is not None:
+            self._running += 1
             worker = loop.create_task(self._work())
             self._workers.add(worker)
             worker.add_done_callback(self._workers.discard)
 
     async def _work(self) -> None:
         """Send queued releases one after the other until none is left."""
-        while self._queue:
-            h, reason, tokens = self._queue.popleft()
-            done = False
-            try:
-                done = await self._send(h, reason)
-            except Exception:  # a bug, not the network (_send handles that): the release stays in the journal
-                log.exception("release of a %s handle on %s failed", reason, h.decode_url)
-            finally:  # cancelled (the router stopped): not done either
-                self._done(h, tokens, done)
+        try:
+            while self._queue:
+                h, reason, tokens = self._queue.popleft()
+                done = False
+                try:
+                    done = await self._send(h, reason)
+                except Exception:  # a bug, not the network (_send handles that): the release stays in the journal
+                    log.exception("release of a %s handle on %s failed", reason, h.decode_url)
+                finally:  # cancelled (the router stopped): not done either
+                    self._done(h, tokens, done)
+        finally:
+            self._running -= 1
 
     def _done(self, h: Handle, tokens: int, done: bool) -> None:
         url = h.decode_url
