@@ -25,11 +25,12 @@ from collections import Counter as Tally
 from collections import deque
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 
 from pdctl import prefix_check
 from pdctl.defaults import LOCAL_STALL_RATIO
 from pdctl.router.documents import KvChoiceStats
+from pdctl.router.lean_metrics import Counter, Histogram
 from pdctl.router.reasons import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
 from pdctl.router.turn.cost import Choice, Speeds, Turn, choose, through_prefill
 from pdctl.router.turn.rates import Rates
