@@ -89,7 +89,7 @@ class KvChoiceStats:
 
     itl_slo_ms: float
     mix: Mapping[str, int] = field(default_factory=dict)  # source chosen -> turns (decode_cache, decode_read, ...)
-    basis: Mapping[str, int] = field(default_factory=dict)  # model | default (rates not yet measured) -> turns
+    basis: Mapping[str, int] = field(default_factory=dict)  # model | default (rates not yet measured) | probe -> turns
     local_refused: Mapping[str, int] = field(default_factory=dict)  # itl | stall | slower | cap | unmeasured -> turns
     measured_turns: int = 0  # model-chosen streamed turns whose TTFT was compared with the prediction
     error_window: int = 0  # of them, the last this many are summarised below

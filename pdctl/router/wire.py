@@ -19,12 +19,13 @@
                  compares chunks of >= 256 tokens, it is the first block of the first chunk that differed.
     A list of prompts (/v1/completions) answers one value per prompt, joined by ", " (`Reuse.parse_list`).
     X-PD-Prefill-Ms, X-PD-Router-In-Ms, X-PD-Decode-Ms: milliseconds, one decimal (`raw_ms`, `parse_ms`).
-    X-PD-KV-Choice: <source>;basis=<model|default>[;predicted_ms=<ms>][;refused=<why>]
+    X-PD-KV-Choice: <source>;basis=<model|default|probe>[;predicted_ms=<ms>][;refused=<why>]
         a warm turn's KV source as the router's cost model chose it (`KvChoice`; pdctl.router.turn.cost):
         source        decode_cache (the decode alone), decode_read (the prefill reads the history from the decode),
                       recomputed (the prefill computes it); the prefill may still find its own cache cheaper
                       (X-PD-KV-Reuse says what happened)
-        basis         model, or default: its rates were not yet measured and the rule before it chose
+        basis         model, or default: its rates were not yet measured and the rule before it chose, or probe: a
+                      local turn that measures the decode's costs (router.local_stall_ratio 0)
         predicted_ms  the model's predicted time to first token (basis model)
         refused       why the decode alone was not chosen: itl (its step would break router.itl_slo_ms),
                       stall (it would lengthen the other streams' step past router.local_stall_ratio x

@@ -16,6 +16,7 @@ from pdctl.router.turn import choices
 from pdctl.router.turn.cost import (
     ITL_HEADROOM,
     NEVER_READ,
+    PROBE_MARGIN,
     Choice,
     Speeds,
     Turn,
@@ -61,8 +62,11 @@ def test_a_busy_decode_refuses_a_turn_whose_step_would_break_the_itl_budget() ->
     # The same turn on an idle decode stalls nobody: it runs there.
     assert choose(turn(8000, 2000, streams=0), FAST, FLOOR, SLO, CAP).source == DECODE_CACHE
     # A larger budget takes it, unless the stall summed over the streams makes the prefill cheaper.
-    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=0)
+    relaxed = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=100)
     assert (relaxed.source, relaxed.refused) == (DECODE_READ, "slower")
+    # Without a stall bound (ratio 0) the others' stall is the budget's to bound, not priced: it runs there.
+    free = choose(turn(8000, 2000, streams=12), FAST, FLOOR, 1000.0, CAP, stall_ratio=0)
+    assert (free.source, free.basis, free.others_ms) == (DECODE_CACHE, "model", 12 * 250.0)
 
 
 def test_an_idle_decode_takes_a_long_local_turn_that_a_busy_one_refuses_for_its_stall() -> None:
@@ -198,16 +202,28 @@ def test_local_stall_ratio_zero_bounds_a_local_turn_by_the_itl_budget_alone() ->
     assert choose(replace(t, missing=1400), FAST, FLOOR, SLO, CAP, stall_ratio=0).refused == "itl"
 
 
-def test_local_stall_ratio_zero_lets_a_short_unmeasured_turn_run_beside_other_streams() -> None:
-    # So that a decode that always has other streams gets its local rates measured: up to SAFE_LOCAL_TOKENS.
+def test_local_stall_ratio_zero_probes_a_busy_decode_whose_local_costs_are_not_measured() -> None:
+    # So that a decode that always has other streams gets its local rates measured: one probe at a time, its stall
+    # priced at PROBE_MARGIN x the prefill's compute (8k tokens/s: 0.25 ms a token) within the ITL budget.
     unknown = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
-    assert SAFE_LOCAL_TOKENS == 512
-    short = choose(turn(8000, 512, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)
-    assert (short.basis, short.refused) == ("default", None)  # the load rule's to place, as before the bound
-    long = choose(turn(8000, 513, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)
+    assert PROBE_MARGIN == 2.0 and ITL_HEADROOM * SLO == 150.0
+    probe = choose(turn(8000, 520, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # 20 + 130 ms
+    assert (probe.source, probe.basis, probe.refused, probe.ttft_ms, probe.others_ms) == (
+        DECODE_CACHE, "probe", None, 150.0, 4 * 130.0)
+    long = choose(turn(8000, 521, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # over the budget
     assert (long.source, long.basis, long.refused) == (DECODE_READ, "default", "unmeasured")
-    assert choose(turn(8000, 512, streams=4), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # ratio 1.2
-    assert unmeasured(turn(8000, 512, streams=4), through_prefill(turn(8000, 512), unknown, FLOOR), 0).refused is None
+    queued = choose(turn(8000, 100, streams=4, decode_queued=100), unknown, FLOOR, SLO, CAP, stall_ratio=0)
+    assert queued.refused == "unmeasured"  # another local prompt already in the batch: not two guesses at once
+    assert choose(turn(8000, 100, streams=4), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # ratio 1.2
+    # Nothing measured yet but a turn lacking at most SAFE_LOCAL_TOKENS: still a probe, the only guess left.
+    assert SAFE_LOCAL_TOKENS == 512
+    blind = Speeds(None, None, None, None, None)
+    short = choose(turn(8000, 512, streams=4), blind, FLOOR, SLO, CAP, stall_ratio=0)
+    assert (short.source, short.basis, short.refused) == (DECODE_CACHE, "probe", None)
+    assert choose(turn(8000, 513, streams=4), blind, FLOOR, SLO, CAP, stall_ratio=0).refused == "unmeasured"
+    via = through_prefill(turn(8000, 512), blind, FLOOR)
+    assert unmeasured(turn(8000, 512, streams=4), via, 0).basis == "probe"
+    assert unmeasured(turn(8000, 512), via, 0).basis == "default"  # no other stream: the load rule's, as before
 
 
 def test_the_router_refuses_a_negative_stall_ratio() -> None:
@@ -231,9 +247,9 @@ def test_the_way_through_the_prefill_is_compared_as_its_turns_measured_against_t
     # their predictions (the prefill's own cache held the history the model priced as a read): the prefill is
     # the cheaper way.
     t = turn(8000, 1000, streams=1, prefill_queued=2000)
-    local = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=0)
+    local = choose(t, FAST, FLOOR, SLO, CAP, stall_ratio=100)
     assert (local.source, local.ttft_ms, local.others_ms) == (DECODE_CACHE, 145.0, 125.0)
-    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP, stall_ratio=0)
+    c = choose(t, replace(FAST, via_bias=1 / 3), FLOOR, SLO, CAP, stall_ratio=100)
     assert (c.source, c.refused, c.ttft_ms) == (DECODE_READ, "slower", 457.5)  # it says the model's prediction
     rates = Rates(lambda: 1.0)
     assert rates.bias("prefill") == 1.0  # not measured: no correction

@@ -60,7 +60,7 @@ def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_
         assert (first.outcome, first.reason) == ("hit", "decode_local"), first.reuse
         assert KvChoice.parse(first.headers.get("x-pd-kv-choice")) == KvChoice("decode_cache", "default")
         _until(lambda: _choice(r)["basis"]["default"] == 1, "the turn's choice never reached /stats")
-        assert _choice(r)["basis"] == {"model": 0, "default": 1}
+        assert _choice(r)["basis"] == {"model": 0, "default": 1, "probe": 0}
         convs[1].turn(f"{MORE} b")  # the decode's second local sample
 
         for i in range(8):  # a few more turns until every rate it needs counts (each takes two samples)
@@ -202,11 +202,11 @@ def test_a_restarted_decode_starts_again_from_the_rule_before_the_model(tmp_path
             decode.stop()
 
 
-def test_without_a_stall_bound_a_short_turn_beside_other_streams_runs_alone_before_the_rates_are_measured(
+def test_without_a_stall_bound_a_short_turn_beside_other_streams_probes_the_decode_before_its_rates_are_measured(
         tmp_path: Path) -> None:
-    # --local-stall-ratio 0: the decode's local rates get measured on a decode that is never idle; the default sends
-    # the same turn through the prefill (refused unmeasured).
-    for ratio, local, refused in (("0", True, None), ("1.2", False, "unmeasured")):
+    # --local-stall-ratio 0: the decode's local rates get measured on a decode that is never idle (a probe); the
+    # default sends the same turn through the prefill (refused unmeasured).
+    for ratio, local, basis, refused in (("0", True, "probe", None), ("1.2", False, "default", "unmeasured")):
         (tmp_path / ratio).mkdir()
         with (
             sim_pair(tmp_path / ratio, speed=5, threshold=0) as pd,
@@ -224,6 +224,6 @@ def test_without_a_stall_bound_a_short_turn_beside_other_streams_runs_alone_befo
             streaming.join()
             said = KvChoice.parse(warm.headers.get("x-pd-kv-choice"))
             assert said is not None and (said.source == "decode_cache", said.basis, said.refused) == (
-                local, "default", refused), said
+                local, basis, refused), said
             assert warm.status == 200 and warm.outcome == "hit", warm.reuse
             assert corrupt(pd.prefill, pd.decode) == 0

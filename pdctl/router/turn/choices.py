@@ -4,7 +4,8 @@ gives the rates (rates.py), and each choice with its predicted and measured cost
 
     pdctl_router_kv_choice_total{source,basis}          warm turns by the source the router chose (decode_cache,
                                                          decode_read, recomputed) and whether the model chose it
-                                                         (model) or the rule before it did (default)
+                                                         (model), the rule before it did (default), or it probed
+                                                         the decode's local costs (probe)
     pdctl_router_kv_choice_local_refused_total{why}     turns the decode alone was refused: itl (its step would
                                                          break router.itl_slo_ms), stall (it would lengthen the
                                                          other streams' step past cost.LOCAL_STALL_RATIO x it),
@@ -41,6 +42,7 @@ from pdctl.router.wire import KvChoice
 _S_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ERROR_WINDOW = 256
 CHOSEN = (DECODE_CACHE, DECODE_READ, RECOMPUTED)
+BASES = ("model", "default", "probe")
 REFUSALS = ("itl", "stall", "slower", "cap", "unmeasured")
 
 
@@ -102,8 +104,9 @@ class Choices:
         self.rates, self.itl_slo_ms, self.local_stall_ratio = rates, itl_slo_ms, local_stall_ratio
         self.chosen = Counter("pdctl_router_kv_choice", "Warm turns by the KV source the router chose (decode_cache: "
                               "the decode alone; decode_read: the prefill reads the history from the decode; "
-                              "recomputed: the prefill computes it) and by basis: model (the cost model) or default "
-                              "(its rates not yet measured: the rule before it).", ["source", "basis"], registry=r)
+                              "recomputed: the prefill computes it) and by basis: model (the cost model), default "
+                              "(its rates not yet measured: the rule before it) or probe (a local turn that measures "
+                              "the decode's costs).", ["source", "basis"], registry=r)
         self.refused = Counter("pdctl_router_kv_choice_local_refused", "Warm turns the decode alone was refused: itl "
                                "(its step would break router.itl_slo_ms), stall (it would lengthen the other streams' "
                                "step past --local-stall-ratio x it), slower (a prefill is cheaper), cap (over "
@@ -118,7 +121,7 @@ class Choices:
                           "context bucket), step_ms (ms per decode step by streams in flight), d_to_p and p_to_d "
                           "(tokens/s per engine pair, engine \"<from> <to>\").", ["kind", "engine", "bucket"],
                           registry=r)
-        self._chosen = {(s, b): self.chosen.labels(s, b) for s in CHOSEN for b in ("model", "default")}
+        self._chosen = {(s, b): self.chosen.labels(s, b) for s in CHOSEN for b in BASES}
         self._refused = {why: self.refused.labels(why) for why in REFUSALS}
         self._ttft = {(s, k): self.ttft.labels(s, k) for s in CHOSEN for k in ("predicted", "measured")}
         self.mix: Tally[str] = Tally()
@@ -153,7 +156,7 @@ class Choices:
         return KvChoiceStats(
             itl_slo_ms=self.itl_slo_ms,
             mix={s: self.mix.get(s, 0) for s in CHOSEN},
-            basis={b: self.basis.get(b, 0) for b in ("model", "default")},
+            basis={b: self.basis.get(b, 0) for b in BASES},
             local_refused={w: self.refusals.get(w, 0) for w in REFUSALS},
             measured_turns=self.measured_turns,
             error_window=n,

@@ -30,8 +30,14 @@ cost in tokens of compute; 0: always read), router.local_prefill_tokens the most
 Until the costs it needs are measured (and again once they go stale) the model is not used: the turn reads past
 min_read_tokens and, when its decode has no other stream, is placed by the `load` policy, the behaviour before the
 model (`basis` "default"); beside other streams it goes through the prefill (refused "unmeasured"): a prefill of
-unknown cost is not put in a busy decode's batch, whose stall every stream there pays (with router.local_stall_ratio
-0, one lacking at most SAFE_LOCAL_TOKENS is still placed by `load`, so that the decode's local rates get measured).
+unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
+
+With router.local_stall_ratio 0 (the ITL budget alone) a decode that is never idle still gets its local costs
+measured, by probes (`basis` "probe"): a turn runs there beside other streams when no other local prompt is queued
+on it and its stall, priced at PROBE_MARGIN x the prefill's measured compute (both engines run the same model), keeps
+the step within the ITL budget (the prefill's rate not yet measured: when it lacks at most SAFE_LOCAL_TOKENS). Once
+measured, the model chooses by TTFT alone within the ITL budget: the other streams' stall is bounded by the budget,
+not priced against the turn's own time (with a ratio > 0 it is priced: the least TTFT plus stall).
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -56,7 +62,10 @@ ITL_HEADROOM = 0.75
 # prefill's. Planned to the ITL budget alone, single local turns of 1-2k tokens set each run's largest gap at
 # 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions).
 # In practice: local beside other streams only for a handful of tokens; on a decode with no other stream, any.
-Basis = Literal["model", "default"]
+# A probe's stall, before the decode's own compute is measured, is priced at this many times the prefill's: the
+# decode computes the same model's prompt, but in a batch beside its streams' steps.
+PROBE_MARGIN = 2.0
+Basis = Literal["model", "default", "probe"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +163,7 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
     if t.missing > local_cap:
         return _refused(via, "cap")
     if s.local is None or via.ttft_ms is None or s.step_ms is None:
-        return unmeasured(t, via, stall_ratio)
+        return unmeasured(t, via, stall_ratio, s, itl_slo_ms)
     # A local turn's own TTFT is about the step that computes its prompt: where those came in slower than
     # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
     per_token = s.local.per_token_ms * max(1.0, s.local_bias)
@@ -169,21 +178,40 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
     local_ttft = s.local.ms(t.decode_queued + t.missing) + step
     others = t.streams * stall
     # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
-    if local_ttft * s.local_bias + others <= via.ttft_ms * s.via_bias:
+    # Without a stall bound (ratio 0) the others' stall is the ITL budget's to bound, not a price of this turn.
+    priced = others if stall_ratio > 0 else 0.0
+    if local_ttft * s.local_bias + priced <= via.ttft_ms * s.via_bias:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)
     return _refused(via, "slower")
 
 
-def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
+def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO, s: Speeds | None = None,
+               itl_slo_ms: float = 0.0) -> Choice:
     """The safe default while a cost the decode's price needs is not measured: a turn on a decode with no other
     stream to stall is the `load` policy's to place (basis "default"); beside other streams it goes through the
     prefill (a stall of unknown length; any prefill in their batch lengthens their step several times over), unless
-    `stall_ratio` is 0 (no stall bound) and it lacks at most SAFE_LOCAL_TOKENS: then it is the `load` policy's too,
-    so that the decode's local rates get measured."""
-    limit = SAFE_LOCAL_TOKENS if stall_ratio <= 0 else 0
-    if t.missing > limit and t.streams > 0:
-        return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
-    return Choice(via.source, None, 0.0, "default", via.min_read)
+    `stall_ratio` is 0 (no stall bound) and it may probe the decode (`probe`)."""
+    if t.streams == 0:
+        return Choice(via.source, None, 0.0, "default", via.min_read)
+    if stall_ratio <= 0 and t.decode_queued == 0:
+        probe = _probe(t, via, s, itl_slo_ms)
+        if probe is not None:
+            return probe
+    return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
+
+
+def _probe(t: Turn, via: Choice, s: Speeds | None, itl_slo_ms: float) -> Choice | None:
+    """The decode alone for a turn that measures its local costs, when its stall is safe to guess: priced at
+    PROBE_MARGIN x the prefill's compute, within the ITL budget (the step and the prefill's rate measured); else
+    lacking at most SAFE_LOCAL_TOKENS. None: through the prefill."""
+    if s is None or s.prefill is None or s.step_ms is None:
+        if t.missing <= SAFE_LOCAL_TOKENS:
+            return Choice(DECODE_CACHE, None, 0.0, "probe", via.min_read)
+        return None
+    stall = t.missing * s.prefill.per_token_ms * PROBE_MARGIN
+    if s.step_ms + stall > ITL_HEADROOM * itl_slo_ms:
+        return None
+    return Choice(DECODE_CACHE, stall + s.step_ms, t.streams * stall, "probe", via.min_read)
 
 
 def _refused(via: Choice, why: str) -> Choice:
