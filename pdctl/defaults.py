@@ -60,15 +60,16 @@ stall that decode's other streams for longer than this is sent through a prefill
 LOCAL_STALL_RATIO = 1.2
 """The most a local turn may lengthen the step of its decode's other streams, against the step they see anyway: a
 turn through the prefill stalls them not at all, so ON default keeps their ITL within this much of ON via prefill's
-(docs/results/sim-evict-1p1d). 0: no such bound, the ITL budget alone, and until the decode's rates are measured a
-turn lacking at most SAFE_LOCAL_TOKENS runs locally beside other streams too (so that they get measured): on one
-real H100 before the bound, ON default's warm TTFT p90 was 104 ms against ON via prefill's 451, at 2.1x its ITL p99
-(106 against 51 ms, within a 200 ms SLO; docs/results/h100-1gpu-evict)."""
+(docs/results/sim-evict-1p1d). 0: no such bound, the ITL budget alone: until the decode's local costs are measured a
+turn beside other streams probes them (pdctl.router.turn.cost), then the least TTFT within the budget is chosen. On
+one real H100 under eviction that gave warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99
+68-72 ms (docs/results/h100-1gpu-evict, third run); on simulated engines it breaks the ITL SLO, so it is not the
+default."""
 
 SAFE_LOCAL_TOKENS = 512
-"""local_stall_ratio 0: the most a warm turn may lack to run on a decode beside other streams before the model can
-price it: ~60-90 ms of an H200's step at 2k-32k context (pdctl.sim.steps H200_GRAPHS), inside an ITL budget of 200
-ms, and enough local turns (tool results, short user turns) to measure the decode's rates."""
+"""local_stall_ratio 0: the most a warm turn may lack to probe a decode beside other streams before even the
+prefill's compute is measured (so nothing can price it): ~60-90 ms of an H200's step at 2k-32k context
+(pdctl.sim.steps H200_GRAPHS), inside an ITL budget of 200 ms."""
 
 LOCAL_BUSY_STREAMS = 4
 """local_policy load: requests in flight from which a decode counts as busy."""

@@ -119,8 +119,8 @@ class RouterConfig:
         "--local-policy cost: the most a warm turn on its decode alone may lengthen the step of that decode's other "
         "streams, against the step they see anyway (a turn through a prefill stalls them not at all); beside other "
         "streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone (more warm turns "
-        "local: lower TTFT, longer gaps for the other streams; docs/router.md), and before the rates are measured "
-        "a turn lacking at most 512 tokens runs there beside other streams too.",
+        "local: lower TTFT, longer gaps for the other streams; docs/router.md): a busy decode's local costs are "
+        "measured by probes, and the least TTFT within that budget is chosen.",
     )
     api_key: str | None = field(default=None, repr=False)
     """The key clients must send; given as --api-key-env, never in argv."""

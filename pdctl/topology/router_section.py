@@ -85,9 +85,10 @@ class Router(Strict):
         description="local_policy cost: the most a warm turn on its decode alone may lengthen the step of that "
         "decode's other streams, against the step they see anyway (default 1.2: their ITL stays near ON via "
         "prefill's; until the decode's rates are measured every turn beside other streams goes through a prefill). "
-        "0: no such bound, itl_slo_ms alone, and a turn lacking at most 512 tokens runs locally before the rates "
-        "are measured: on one H100 before the bound, warm TTFT p90 104 ms against ON via prefill's 451, at 2.1x "
-        "its ITL p99 (106 against 51 ms; docs/results/h100-1gpu-evict).",
+        "0: no such bound, itl_slo_ms alone: a busy decode's local costs are measured by probes (one local turn "
+        "at a time, priced at twice the prefill's compute) and the least TTFT within that budget is chosen. On one "
+        "real H100 under eviction, warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99 "
+        "68-72 ms; on simulated engines it breaks the ITL SLO (docs/results/h100-1gpu-evict, docs/router.md).",
     )
 
     release: bool = Field(

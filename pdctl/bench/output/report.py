@@ -238,9 +238,10 @@ def _choice_section(legs: list[LegResult]) -> list[str]:
     if not any(c.reported for c in by_leg.values()):
         return [*lines, "No leg's router sent a choice (`X-PD-KV-Choice`): OFF and aggregated legs, or a router "
                 "without the cost model."]
-    lines += ["The choice is the router's cost model's (basis `model`) or the rule before it (`default`, its rates "
-              "not yet measured); `none`: no choice sent (no history on a decode to reuse: an OFF leg, a released "
-              "handle). What ran is the path above "
+    lines += ["The choice is the router's cost model's (basis `model`), the rule before it (`default`, its rates "
+              "not yet measured) or a probe (`probe`: a local turn that measures the decode's costs, "
+              "router.local_stall_ratio 0); `none`: no choice sent (no history on a decode to reuse: an OFF leg, a "
+              "released handle). What ran is the path above "
               "(`X-PD-KV-Reuse`): a read can still find the history in the prefill's own cache.", "",
               "| leg | warm turns | router chose | basis | decode alone refused |", "|---" * 5 + "|"]
     for name, c in by_leg.items():
