@@ -63,8 +63,8 @@ turn through the prefill stalls them not at all, so ON default keeps their ITL w
 (docs/results/sim-evict-1p1d). 0: no such bound, the ITL budget alone: until the decode's local costs are measured a
 turn beside other streams probes them (pdctl.router.turn.cost), then the least TTFT within the budget is chosen. On
 one real H100 under eviction that gave warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99
-68-72 ms (docs/results/h100-1gpu-evict, third run); on simulated engines it breaks the ITL SLO, so it is not the
-default."""
+68-72 ms (docs/results/h100-1gpu-evict, third run, an 8B model); on simulated engines modelled on a 32B model it
+broke the ITL SLO at 12 sessions, so it is not the default."""
 
 SAFE_LOCAL_TOKENS = 512
 """local_stall_ratio 0: the most a warm turn may lack to probe a decode beside other streams before even the

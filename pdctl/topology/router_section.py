@@ -88,7 +88,8 @@ class Router(Strict):
         "0: no such bound, itl_slo_ms alone: a busy decode's local costs are measured by probes (one local turn "
         "at a time, priced at twice the prefill's compute) and the least TTFT within that budget is chosen. On one "
         "real H100 under eviction, warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99 "
-        "68-72 ms; on simulated engines it breaks the ITL SLO (docs/results/h100-1gpu-evict, docs/router.md).",
+        "68-72 ms (an 8B model); on simulated engines modelled on a 32B model it broke the ITL SLO at 12 sessions "
+        "(docs/results/h100-1gpu-evict, docs/router.md).",
     )
 
     release: bool = Field(
