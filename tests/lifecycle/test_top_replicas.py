@@ -1,5 +1,5 @@
 """`pdctl top` with more than one router: an engine is in the pool when every router that reports it holds it
-healthy (each router's gauge judged on its own, not their sum)."""
+healthy (each router's gauge judged on its own, not their sum); and what its KV-choice table counts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,7 +16,11 @@ from pdctl.cli import app
 from pdctl.lifecycle import UpOptions, down, up
 from pdctl.lifecycle.watch.samples import parse
 from pdctl.lifecycle.watch.top import view
+from pdctl.lifecycle.watch.top_render import render_top
 from pdctl.plan import plan
+from pdctl.router.turn.choices import Choices
+from pdctl.router.turn.cost import Choice
+from pdctl.router.turn.rates import Rates
 from pdctl.topology import load
 from tests.lifecycle.test_router_replicas import replicas_yaml
 
@@ -62,3 +67,22 @@ def test_top_json_with_two_routers_says_every_healthy_engine_is_in(
         assert len([i for i in instances if i["component"] == "router"]) == 2
     finally:
         down(topo, console)
+
+
+def test_top_counts_the_probes_of_a_decode_beside_the_models_choices(tmp_path: Path) -> None:
+    # The router's own choice metrics (a probe, then a model choice), read by `top` from its /metrics text.
+    path = tmp_path / "topo.yaml"
+    path.write_text(replicas_yaml("h41-top-probe", tmp_path / "work", replicas=1))
+    topo = load(path)
+    specs = plan(topo)
+    router = next(s.name for s in specs if s.role == "router")
+    registry = CollectorRegistry()
+    made = Choices(registry, Rates(lambda: 1.0), 200.0, 0.0)
+    before = parse(generate_latest(registry).decode())
+    made.made(Choice("decode_cache", 150.0, 0.0, "probe", 256), 0.12)
+    made.made(Choice("decode_cache", 90.0, 0.0, "model", 256), 0.09)
+    v = view(topo, specs, {router: parse(generate_latest(registry).decode())}, {router: before}, 1.0)
+    assert (v.kv_choice_probe, v.kv_choice_default, v.kv_choice["decode_cache"]) == (1.0, 0.0, 2.0)
+    console = Console(record=True, width=200)
+    render_top(v, console)
+    assert "probes of the decode 1" in console.export_text()

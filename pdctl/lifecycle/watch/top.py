@@ -78,6 +78,7 @@ class TopView:
     kv_choice_share: dict[str, float] = field(default_factory=dict)  # source -> share of them
     kv_choice_total: dict[str, float] = field(default_factory=dict)  # source -> since the routers started
     kv_choice_default: float = 0.0  # of the interval's, chosen by the rule (the model's rates not yet measured)
+    kv_choice_probe: float = 0.0  # of the interval's, local turns that measured the decode's costs (ratio 0)
     kv_choice_refused: dict[str, float] = field(default_factory=dict)  # why the decode alone was refused
     kv_choice_ttft_s: dict[str, dict[str, float | None]] = field(default_factory=dict)  # source -> p50 by kind
     kv_choice_error_s: dict[str, float | None] = field(default_factory=dict)  # |measured - predicted| p50/p90
@@ -236,6 +237,7 @@ def _kv_choice(v: TopView, r_now: Samples, r_old: Samples) -> None:
     turns = sum(v.kv_choice.values())
     v.kv_choice_share = {k: round(n / turns, 4) for k, n in v.kv_choice.items()} if turns else {}
     v.kv_choice_default = max(0.0, sum_of(r_now, name, basis="default") - sum_of(r_old, name, basis="default"))
+    v.kv_choice_probe = max(0.0, sum_of(r_now, name, basis="probe") - sum_of(r_old, name, basis="probe"))
     for labels, n in delta(r_now, r_old, "pdctl_router_kv_choice_local_refused_total").items():
         why = dict(labels)["why"]
         v.kv_choice_refused[why] = v.kv_choice_refused.get(why, 0.0) + n

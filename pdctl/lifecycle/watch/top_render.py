@@ -46,7 +46,8 @@ def _choice_table(v: TopView) -> Table:
         table.add_row(source, _n(v.kv_choice.get(source, 0.0)), "-" if share is None else f"{share:.0%}",
                       _n(total), _ms(ttft.get("predicted")), _ms(ttft.get("measured")))
     refused = ", ".join(f"{k} {_n(n)}" for k, n in v.kv_choice_refused.items() if n)
-    table.caption = (f"by the rule (rates not yet measured): {_n(v.kv_choice_default)}; decode alone refused: "
+    probes = f", probes of the decode {_n(v.kv_choice_probe)}" if v.kv_choice_probe else ""
+    table.caption = (f"by the rule (rates not yet measured): {_n(v.kv_choice_default)}{probes}; decode alone refused: "
                      f"{refused or 'none'}; |measured - predicted| p50 {_ms(v.kv_choice_error_s.get('p50'))} "
                      f"p90 {_ms(v.kv_choice_error_s.get('p90'))} ms")
     table.caption_justify = "left"
