@@ -172,6 +172,9 @@ class RouterConfig:
         "stays in its journal for the next router to release. 0: leave them to the next router.",
     )
     release_concurrency: int = knob(4, "Releases in flight at once (they run in the background, off every turn).")
+    release_carry_ms: float = knob(
+        50.0, "How long a release waits for a turn's own prefill request to carry it (a turn that reads nothing from "
+        "a decode: no request added) before it is sent alone. 0: every release is a request of its own.")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
     eject_after: int = knob(3, "Consecutive failures that eject an upstream.")
@@ -253,6 +256,8 @@ class RouterConfig:
                             f"({self.retain_high_kv:g}), got {self.retain_target_kv:g}")
         if self.shutdown_release_timeout < 0:
             problems.append(f"--shutdown-release-timeout must be >= 0, got {self.shutdown_release_timeout:g}")
+        if not self.release_carry_ms >= 0:
+            problems.append(f"--release-carry-ms must be >= 0 (0: never carried), got {self.release_carry_ms:g}")
         if self.release_concurrency < 1:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if not self.itl_slo_ms > 0:

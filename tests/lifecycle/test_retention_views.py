@@ -58,8 +58,8 @@ def _retention(router: str) -> dict[str, Any]:
 
 
 def _sent(router: str, reason: str) -> int:
-    n: int = _retention(router)["releases"].get(reason, {}).get("sent", 0)
-    return n
+    by_result = _retention(router)["releases"].get(reason, {})
+    return int(by_result.get("sent", 0)) + int(by_result.get("carried", 0))  # alone or on a turn's prefill request
 
 
 def test_status_and_top_show_retained_kv_per_router_and_releases(tmp_path: Path, pdctl_home: Path,

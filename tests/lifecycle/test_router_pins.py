@@ -53,7 +53,8 @@ def test_a_killed_router_restarted_by_up_releases_its_pins(make_topo: MakeTopo, 
     assert again.started == ["router"]
     assert eventually(lambda: decode_usage(decode) == 0), decode_usage(decode)
     releases = httpx.get(f"{again.router_url}/stats", timeout=10).json()["retention"]["releases"]
-    assert releases["reclaimed_at_start"]["sent"] == 6
+    done = releases["reclaimed_at_start"]  # sent alone or carried on a turn's prefill request
+    assert done.get("sent", 0) + done.get("carried", 0) == 6, done
 
     for _ in range(3):
         assert chat(again.router_url, uuid.uuid4().hex) == 200

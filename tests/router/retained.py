@@ -76,6 +76,7 @@ def retention(router: RouterProc) -> dict[str, Any]:
     return section
 
 
-def released(router: RouterProc, reason: str, result: str = "sent") -> int:
-    n: int = retention(router)["releases"].get(reason, {}).get(result, 0)
-    return n
+def released(router: RouterProc, reason: str, results: tuple[str, ...] = ("sent", "carried")) -> int:
+    """Releases done for `reason`: sent alone or carried on a turn's prefill request (release.py)."""
+    by_result = retention(router)["releases"].get(reason, {})
+    return sum(int(by_result.get(r, 0)) for r in results)

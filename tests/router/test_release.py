@@ -20,7 +20,7 @@ from pdctl.router.kv.release import ReleaseMetrics, Releaser, release_body, rele
 from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool
 from tests.conftest import free_port
-from tests.router.conftest import BLOCK, SPEED, RouterProc, router_process
+from tests.router.conftest import BLOCK, SPEED, RouterProc, corrupt, router_process
 from tests.router.faults import eventually
 from tests.router.talk import Conversation
 from tests.support.sim_procs import SERVED, SimPair, SimProc, kv_config, sim_pair
@@ -235,3 +235,37 @@ def test_a_release_submitted_as_the_last_worker_finds_the_queue_empty_is_still_s
         await r.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("carry_ms", ["5000", "0"], ids=["carried", "alone"])
+def test_a_new_conversations_prefill_carries_the_release_of_the_handle_it_displaced(tmp_path: Path,
+                                                                                     carry_ms: str) -> None:
+    # One handle kept: b's turn displaces a's, whose release waits (5 s) for a turn to carry it. c's prefill request
+    # carries it: the decode frees a's blocks with no request added. With --release-carry-ms 0 it goes alone.
+    with fresh(tmp_path, "--max-handles", "1", "--release-carry-ms", carry_ms) as (pd, router):
+        a = turn(router, uuid.uuid4().hex)
+        held_a = used_blocks(pd.decode)
+        turn(router, uuid.uuid4().hex, words=60)
+        held_b = pinned(router)
+        if carry_ms != "0":
+            assert used_blocks(pd.decode) == held_a + held_b  # a's release waits in the queue
+        served = pd.prefill.metric("vllm:e2e_request_latency_seconds_count")
+        turn(router, uuid.uuid4().hex, words=80)  # c: carries a's release (b's now waits in its turn)
+        held_c = pinned(router)
+        waiting_b = held_b if carry_ms != "0" else 0
+        assert eventually(lambda: used_blocks(pd.decode) == held_c + waiting_b), (
+            used_blocks(pd.decode), held_a, held_b, held_c)
+        text = httpx.get(f"{router.url}/metrics", timeout=10).text
+        carried = 'pdctl_router_kv_releases_total{reason="evicted",result="carried"} 1.0'
+        if carry_ms != "0":
+            assert carried in text and 'reason="evicted",result="sent"' not in text, text
+            # c's request was the only one its prefill got: no one-token release beside it
+            assert pd.prefill.metric("vllm:e2e_request_latency_seconds_count") - served == 1
+            assert router.stats()["retention"]["releases"]["evicted"] == {"carried": 1}
+        else:
+            assert carried not in text
+            assert eventually(lambda: 'pdctl_router_kv_releases_total{reason="evicted",result="sent"} 2.0' in (
+                httpx.get(f"{router.url}/metrics", timeout=10).text))
+        reply = a.turn("and then?")  # its handle was released: a miss, never a read of freed blocks
+        assert (reply.status, reply.outcome) == (200, "miss") and reply.reason in ("evicted", "new_conversation")
+        assert corrupt(pd.prefill, pd.decode) == 0

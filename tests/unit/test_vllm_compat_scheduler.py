@@ -298,3 +298,30 @@ def test_a_patched_prefill_frees_the_releases_block_at_once(modules: Loaded) -> 
     assert scheduler._reqs_need_send == {} and scheduler._reqs_not_processed == {"release-1"}
     _, _, (delay, _) = _release(modules, "patched", marked=False)  # any other request is vLLM's as before
     assert delay is True
+
+
+@pytest.mark.parametrize("which", ["original", "patched"])
+def test_a_turn_that_carries_a_release_computes_its_own_prompt_notifies_the_decode_and_answers_for_its_pull(
+        modules: Loaded, which: str) -> None:
+    # A new conversation's prefill request with a queued release's params (pdctl.router.turn.prefill): the handle of
+    # another conversation on the decode, remote_num_tokens 0, unmarked. Its prompt shares a cached prefix here.
+    from pdctl.router.kv.release import RELEASE_FIELD, release_params
+    from pdctl.router.turn.verify import miss_params
+
+    carried = {**_handle(with_spec=False, remote_num_tokens=HELD), "remote_blocks_expiry_time": 9.0}
+    params = {**miss_params(), **release_params(carried, alone=False)}
+    assert RELEASE_FIELD not in params and params["remote_num_tokens"] == 0
+    prompt = list(range(3000, 3900))
+    request = _request(params, prompt)
+    request.request_id = "new-1"
+    scheduler = _scheduler(getattr(modules, which), threshold=64)
+    assert scheduler.get_num_new_matched_tokens(request, 512) == (0, False)  # nothing read: all computed here
+    scheduler.update_state_after_alloc(request, None, 0)
+    assert scheduler._reqs_need_recv == {"new-1": (request, ())}  # the worker's notify frees "turn-1" on the decode
+    request.status, request.num_computed_tokens = modules.finished, len(prompt)
+    delay, answer = scheduler.request_finished(request, ([11, 12, 13],))
+    # Its own blocks stay for the decode's pull, and the answer names them, not the carried handle's.
+    assert delay is True and set(scheduler._reqs_need_send) == {"new-1"}
+    assert (answer["do_remote_prefill"], answer["remote_engine_id"], answer["remote_request_id"]) == (
+        True, "prefill-engine", "new-1")
+    assert (answer["remote_block_ids"], answer["remote_num_tokens"]) == (([11, 12, 13],), len(prompt))

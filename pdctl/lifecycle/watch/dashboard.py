@@ -97,8 +97,8 @@ PANELS: tuple[Panel, ...] = (
            Query(f"max by (index) (pdctl_router_decode_kv_usage{{{DEPLOYMENT}}})", "KV used, decode {{index}}"))),
     Panel("Retention releases", "Retained KV released, by why: pressure (the decode above retain_high_kv, or "
           "requests waiting on it), single_turn (a conversation's last turn), reclaimed_at_start (an earlier "
-          "router's pins), replaced, unread, shutdown.", "ops",
-          (Query(_rate("pdctl_router_kv_releases_total", 'result="sent"', by="reason"), "{{reason}}"),)),
+          "router's pins), replaced, unread, shutdown; sent alone or carried on a turn's prefill request.", "ops",
+          (Query(_rate("pdctl_router_kv_releases_total", 'result=~"sent|carried"', by="reason"), "{{reason}}"),)),
     Panel("Retained handles and release queue", "Each router's live handles per decode (each pins a "
           "conversation's KV there), and its releases submitted and not yet done.", "none",
           (Query(f"pdctl_router_retained_handles{{{DEPLOYMENT}}}", "{{process}} handles, decode {{index}}"),

@@ -220,10 +220,11 @@ def _retention(v: TopView, specs: list[ProcessSpec], now: dict[str, Samples], r_
         if d.capacity_blocks:
             d.retained_share = round(d.retained_blocks / d.capacity_blocks, 4)
     v.retained = list(held.values())
-    for (reason,), n in by_labels(r_now, "pdctl_router_kv_releases_total", "reason", result="sent").items():
-        v.releases_total[reason] = n
-        old = sum_of(r_old, "pdctl_router_kv_releases_total", reason=reason, result="sent")
-        v.releases[reason] = max(0.0, n - old)
+    for result in ("sent", "carried"):  # alone, or on a turn's own prefill request
+        for (reason,), n in by_labels(r_now, "pdctl_router_kv_releases_total", "reason", result=result).items():
+            v.releases_total[reason] = v.releases_total.get(reason, 0.0) + n
+            old = sum_of(r_old, "pdctl_router_kv_releases_total", reason=reason, result=result)
+            v.releases[reason] = v.releases.get(reason, 0.0) + max(0.0, n - old)
 
 
 def _kv_choice(v: TopView, r_now: Samples, r_old: Samples) -> None:

@@ -30,9 +30,18 @@ through the fixture's real scheduler code, stock and patched.
 Releases run in the background, `release_concurrency` at a time, never on a turn's path: a queue drained by at most
 that many worker tasks, started when releases come and ended when the queue is empty (no task per release: the
 steady state of a full handle table is one release per new conversation). Each goes to the least loaded healthy
-prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to
-notify). A failed release logs a warning and counts; the handle is gone either way. A release stays in the pin
-journal (journal.py) until it is done, so a router that dies with releases queued leaves them to the next one.
+prefill, and only while the handle's decode is healthy (a decode that is down has no side channel to notify). A
+failed release logs a warning and counts; the handle is gone either way. A release stays in the pin journal
+(journal.py) until it is done, so a router that dies with releases queued leaves them to the next one.
+
+A release can also ride on a turn's own prefill request instead (`take`, prefill.py): a turn that reads nothing
+from a decode (a miss: a new conversation, a recompute) sends the prefill the queued handle's params with
+`remote_num_tokens` 0, and vLLM's scheduler treats them exactly as a release's (nothing to read: the count is at
+most 0; the request goes to `_reqs_need_recv` with no local blocks, so the worker notifies the decode) while it
+computes the turn's prompt as it would anyway, and answers with its own params for the decode's pull. No request is
+added: where new conversations keep the handle table full, each carries the release of the handle it displaced. A
+queued release waits `release_carry_ms` for such a turn before a worker sends it alone; a carrier that fails gives
+it back to a worker (`carried`). A carried release is counted with result `carried`.
 """
 
 from __future__ import annotations
@@ -40,8 +49,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import Counter as Tally
 from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -57,6 +68,7 @@ from pdctl.router.upstream.pools import Pool
 
 log = logging.getLogger("pdctl.router")
 
+CARRIED = "carried"  # a release's result when it rode on a turn's prefill request
 TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
 # Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
@@ -64,14 +76,17 @@ RELEASE_FIELD = "pdctl_release"
 SHOWN_REASONS = (PRESSURE, SINGLE_TURN, RECLAIMED, REPLACED, UNREAD, SHUTDOWN)  # exported from the start
 
 
-def release_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The handle's params as a release sends them: the D->P form, nothing to read, no expiry to check."""
+def release_params(params: dict[str, Any], alone: bool = True) -> dict[str, Any]:
+    """The handle's params as a release sends them: the D->P form, nothing to read, no expiry to check. `alone`:
+    marked as a release of its own (a one-token request whose block the patched prefill frees at finish); a
+    carried release is not marked (its request is a turn whose blocks the decode pulls)."""
     out = {k: v for k, v in params.items()
            if k not in ("remote_blocks_expiry_time", prefix_check.FIELD, prefix_check.REPORT)}
     out["do_remote_decode"] = True
     out["do_remote_prefill"] = False
     out["remote_num_tokens"] = 0
-    out[RELEASE_FIELD] = True
+    if alone:
+        out[RELEASE_FIELD] = True
     return out
 
 
@@ -86,7 +101,8 @@ def release_body(h: Handle, model: str) -> dict[str, Any]:
 class ReleaseMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.counter = Counter("pdctl_router_kv_releases", "Releases of decode KV no turn would read, by why the "
-                               "handle was dropped and result (sent, failed, skipped: its decode was down).",
+                               "handle was dropped and result (sent; carried: on a turn's own prefill request; "
+                               "failed; skipped: its decode was down).",
                                ["reason", "result"], registry=registry)
         for reason in SHOWN_REASONS:  # at 0 from the start: a rate of them is 0, not absent, before the first
             self.counter.labels(reason, "sent")
@@ -101,23 +117,35 @@ class ReleaseMetrics:
             child = self._children[(reason, result)] = self.counter.labels(reason, result)
         child.inc()
         self.results[(reason, result)] += 1
-        if result == "sent":
+        if result in ("sent", CARRIED):
             self.sent[reason] += 1
         elif result == "failed":
             self.failed += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A release not yet sent: the handle, why it was dropped, the tokens it pins, when it was queued."""
+
+    handle: Handle
+    reason: str
+    tokens: int
+    at: float
+    carriable: bool = True  # False: a turn carried it and failed; a worker sends it alone
 
 
 class Releaser:
     """Sends releases in the background; `submit` is the handle table's `on_drop`."""
 
     def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
-                 enabled: bool = True, block_size: int = 1) -> None:
+                 enabled: bool = True, block_size: int = 1, carry_s: float = 0.0) -> None:
         self.prefill, self.decode, self.model = prefill, decode, model
         self.client: LeanClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
         self.enabled = enabled
         self.concurrency = max(1, concurrency)
-        self._queue: deque[tuple[Handle, str, int]] = deque()  # (handle, reason, its pinned tokens) not yet sent
+        self._queue: deque[Queued] = deque()  # not yet sent, oldest first
+        self.carry_s = max(0.0, carry_s)  # how long a queued release waits for a turn to carry it
         self._workers: set[asyncio.Task[None]] = set()
         # Workers draining the queue: one leaves this count in the same step as it finds the queue empty, so a
         # release submitted after that step starts a worker (the task set's done callback comes a step later).
@@ -128,6 +156,7 @@ class Releaser:
         self.block_size = block_size
         self.journal: Pins | None = None  # the pin journal (journal.py), set where the router keeps one
         self._idle = asyncio.Event()
+        self._closed = False
 
     @property
     def queued(self) -> int:
@@ -149,7 +178,7 @@ class Releaser:
                         MAX_PENDING, reason, h.decode_url)
             return
         tokens = pinned_tokens(h.num_tokens, self.block_size)
-        self._queue.append((h, reason, tokens))
+        self._queue.append(Queued(h, reason, tokens, time.monotonic()))
         self._open += 1
         self._idle.clear()
         self.pending[h.decode_url] += 1
@@ -157,25 +186,66 @@ class Releaser:
         if self.journal is not None:
             self.journal.pin(h)
         if loop is not None:
-            self._running += 1
-            worker = loop.create_task(self._work())
-            self._workers.add(worker)
-            worker.add_done_callback(self._workers.discard)
+            self._start(loop)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._running += 1
+        worker = loop.create_task(self._work())
+        self._workers.add(worker)
+        worker.add_done_callback(self._workers.discard)
 
     async def _work(self) -> None:
-        """Send queued releases one after the other until none is left."""
+        """Send queued releases one after the other until none is left, each once it has waited `carry_s` for a
+        turn to carry it."""
         try:
             while self._queue:
-                h, reason, tokens = self._queue.popleft()
+                q = self._queue[0]
+                wait = q.at + self.carry_s - time.monotonic() if q.carriable else 0.0
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue  # a turn may have taken it meanwhile
+                self._queue.popleft()
                 done = False
                 try:
-                    done = await self._send(h, reason)
+                    done = await self._send(q.handle, q.reason)
                 except Exception:  # a bug, not the network (_send handles that): the release stays in the journal
-                    log.exception("release of a %s handle on %s failed", reason, h.decode_url)
+                    log.exception("release of a %s handle on %s failed", q.reason, q.handle.decode_url)
                 finally:  # cancelled (the router stopped): not done either
-                    self._done(h, tokens, done)
+                    self._done(q.handle, q.tokens, done)
         finally:
             self._running -= 1
+
+    def take(self) -> Queued | None:
+        """The oldest queued release a turn's prefill request can carry (its decode healthy and the same
+        incarnation), for `carried` to settle once that request is answered; None: nothing to carry. Releases
+        whose decode is gone are settled here as skipped, as a worker would."""
+        if self.carry_s <= 0:
+            return None
+        while self._queue and self._queue[0].carriable:
+            q = self._queue.popleft()
+            d = self.decode.by_url(q.handle.decode_url)
+            if d is not None and d.healthy and d.generation == q.handle.generation:
+                return q
+            self.metrics.count(q.reason, "skipped")
+            self._done(q.handle, q.tokens, True)
+        return None
+
+    def carried(self, q: Queued, sent: bool) -> None:
+        """What became of a release a turn carried: sent (its prefill answered 200: the decode was notified when the
+        request was scheduled), or not (refused, failed, unreachable: whether the notify went out is unknown). Then
+        it goes back to the front of the queue for a worker to send alone, at once and never carried again: a
+        second notify of a handle already freed is only logged by the decode, a handle left pinned holds its blocks
+        until the decode's TTL."""
+        if sent:
+            self.metrics.count(q.reason, CARRIED)
+            self._done(q.handle, q.tokens, True)
+            return
+        if self._closed:  # the router stopped: it stays in the journal for the next one
+            self._done(q.handle, q.tokens, False)
+            return
+        self._queue.appendleft(replace(q, carriable=False))
+        if self._running < self.concurrency:
+            self._start(asyncio.get_running_loop())
 
     def _done(self, h: Handle, tokens: int, done: bool) -> None:
         url = h.decode_url
@@ -235,6 +305,7 @@ class Releaser:
                     reason, h.decode_url, why)
 
     async def close(self) -> None:
+        self._closed = True
         self._queue.clear()  # never sent: they stay in the journal for the next router
         for t in list(self._workers):
             t.cancel()

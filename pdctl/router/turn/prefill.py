@@ -7,6 +7,9 @@ nothing, the turn is a miss (`prefill_unchecked`), and the log says so once per 
 With `verify_at: router` the router verifies first (`tokenize`), and the prefill gets the ids it was verified
 against as a token-id completion, so that tokenization replaces the one the prefill would do.
 
+A turn that reads nothing from a decode (a miss) carries a queued release to its prefill (release.py, `take`): the
+handle's params at `remote_num_tokens` 0, which make the prefill notify that decode while it computes the turn.
+
 A failed or expired KV read must never reach the client: a prefill that fails while holding a decode handle is
 retried once as a miss (on another healthy prefill when there is one). A miss that cannot reach its prefill
 (refused, reset, timed out) is retried once elsewhere too; that counts against the prefill's health. An error
@@ -26,6 +29,7 @@ import httpx
 
 from pdctl.router import jsonx, wire
 from pdctl.router.errors import error_body, relayed_error
+from pdctl.router.kv.release import release_params
 from pdctl.router.turn.context import RequestContext
 from pdctl.router.turn.state import RouterState
 from pdctl.router.turn.verify import Verdict, miss, settle
@@ -111,7 +115,13 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
         return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error, cached)
 
     for attempt in range(2):
-        resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, verdict.params, ids), rid, parent)
+        carry = state.releaser.take() if verdict.outcome == "miss" else None
+        sent = verdict.params
+        if carry is not None:  # the prefill notifies that decode while it computes this turn
+            sent = {**sent, **release_params(carry.handle.params, alone=False)}
+        resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, sent, ids), rid, parent)
+        if carry is not None:
+            state.releaser.carried(carry, not isinstance(resp, str) and resp.status_code == 200)
         with_handle = verdict.outcome != "miss"
         if with_handle and resp != "connect":
             ctx.spent = True
