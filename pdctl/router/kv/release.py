@@ -41,7 +41,9 @@ most 0; the request goes to `_reqs_need_recv` with no local blocks, so the worke
 computes the turn's prompt as it would anyway, and answers with its own params for the decode's pull. No request is
 added: where new conversations keep the handle table full, each carries the release of the handle it displaced. A
 queued release waits `release_carry_ms` for such a turn before a worker sends it alone; a carrier that fails gives
-it back to a worker (`carried`). A carried release is counted with result `carried`.
+it back to a worker (`carried`). A carried release is counted with result `carried`. Turns carry releases only to a
+decode their prefill has already notified with a release of its own (`take`): the first contact on a pair is a
+one-token request, which has finished by the time a failed NIXL handshake could be reported against it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ from pdctl.router.upstream.pools import Pool
 log = logging.getLogger("pdctl.router")
 
 CARRIED = "carried"  # a release's result when it rode on a turn's prefill request
+# A pair (prefill, decode) counts as linked this long after its last release: well within vLLM's engine_ttl (3600 s
+# without contact), after which a prefill forgets a decode's agent and would handshake again.
+LINK_S = 600.0
 TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
 # Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
@@ -157,6 +162,9 @@ class Releaser:
         self.journal: Pins | None = None  # the pin journal (journal.py), set where the router keeps one
         self._idle = asyncio.Event()
         self._closed = False
+        # (prefill URL, decode URL) -> (the decode's generation, when) of the last release through that prefill to
+        # that decode: a turn carries releases only on such a pair (see `take`).
+        self._links: dict[tuple[str, str], tuple[int, float]] = {}
 
     @property
     def queued(self) -> int:
@@ -215,22 +223,35 @@ class Releaser:
         finally:
             self._running -= 1
 
-    def take(self) -> Queued | None:
-        """The oldest queued release a turn's prefill request can carry (its decode healthy and the same
-        incarnation), for `carried` to settle once that request is answered; None: nothing to carry. Releases
-        whose decode is gone are settled here as skipped, as a worker would."""
+    def take(self, prefill_url: str) -> Queued | None:
+        """The oldest queued release a turn's prefill request to `prefill_url` can carry, for `carried` to settle
+        once that request is answered; None: nothing to carry. Releases whose decode is gone are settled here as
+        skipped, as a worker would.
+
+        Only on a linked pair: a release of its own went through that prefill to that decode (this incarnation)
+        within LINK_S, so the prefill's NIXL agent already knows the decode. A first contact starts a handshake, and
+        in vLLM 0.26.0 a failed one reports the request as done receiving, which the scheduler accepts only of a
+        request waiting for KV or finished (`_update_from_kv_xfer_finished` asserts it): a one-token release has
+        finished by then, a turn computing its prompt may not have."""
         if self.carry_s <= 0:
             return None
+        now = time.monotonic()
         while self._queue and self._queue[0].carriable:
-            q = self._queue.popleft()
+            q = self._queue[0]
             d = self.decode.by_url(q.handle.decode_url)
-            if d is not None and d.healthy and d.generation == q.handle.generation:
-                return q
-            self.metrics.count(q.reason, "skipped")
-            self._done(q.handle, q.tokens, True)
+            if d is None or not d.healthy or d.generation != q.handle.generation:
+                self._queue.popleft()
+                self.metrics.count(q.reason, "skipped")
+                self._done(q.handle, q.tokens, True)
+                continue
+            link = self._links.get((prefill_url, d.url))
+            if link is None or link[0] != d.generation or now - link[1] > LINK_S:
+                return None  # the worker sends it alone, which links the pair for the next ones
+            self._queue.popleft()
+            return q
         return None
 
-    def carried(self, q: Queued, sent: bool) -> None:
+    def carried(self, q: Queued, prefill_url: str, sent: bool) -> None:
         """What became of a release a turn carried: sent (its prefill answered 200: the decode was notified when the
         request was scheduled), or not (refused, failed, unreachable: whether the notify went out is unknown). Then
         it goes back to the front of the queue for a worker to send alone, at once and never carried again: a
@@ -238,6 +259,7 @@ class Releaser:
         until the decode's TTL."""
         if sent:
             self.metrics.count(q.reason, CARRIED)
+            self._links[prefill_url, q.handle.decode_url] = (q.handle.generation, time.monotonic())
             self._done(q.handle, q.tokens, True)
             return
         if self._closed:  # the router stopped: it stays in the journal for the next one
@@ -297,6 +319,7 @@ class Releaser:
             self._failed(h, reason, f"{p.url} answered {status}")
             return False
         self.metrics.count(reason, "sent")
+        self._links[p.url, h.decode_url] = (h.generation, time.monotonic())
         return True
 
     def _failed(self, h: Handle, reason: str, why: str) -> None:
