@@ -113,6 +113,18 @@ def wait_health(port: int, proc: subprocess.Popen[bytes], what: str, log: Path) 
     sys.exit(f"{what} did not answer /health on port {port}; its log: {log}")
 
 
+def releases(port: int) -> dict[str, int]:
+    """The router's releases so far, by reason and result (sent alone, carried on a turn's prefill request, ...)."""
+    status, body = asyncio.run(_get(port, "/stats"))
+    if status != 200:
+        return {}
+    out: dict[str, int] = {}
+    for reason, by_result in json.loads(body).get("retention", {}).get("releases", {}).items():
+        for result, n in by_result.items():
+            out[f"{reason} {result}"] = out.get(f"{reason} {result}", 0) + int(n)
+    return out
+
+
 async def _get(port: int, path: str) -> tuple[int, bytes]:
     conn = await Conn.open(port)
     try:
@@ -306,17 +318,27 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
                 for rep in range(1, args.reps + 1):
                     load = os.getloadavg()[0]
                     c0, t0 = cpu_seconds(router.pid), time.perf_counter()
+                    e0 = [cpu_seconds(p.pid) for p in procs[:2]]
+                    r0 = releases(rp)
                     done, errors, samples = play(rp, streams, args.seconds, workload, args.load_procs, other_cores)
                     wall, cpu = time.perf_counter() - t0, cpu_seconds(router.pid) - c0
+                    engines = [cpu_seconds(p.pid) - e for p, e in zip(procs[:2], e0, strict=True)]
+                    r1 = releases(rp)
+                    released = {k: n - r0.get(k, 0) for k, n in r1.items() if n - r0.get(k, 0)}
                     row = {"leg": name, "workload": workload, "streams": streams, "rep": rep, "requests": done,
                            "errors": errors, "rps": round(done / wall, 1),
                            "cpu_s_per_1000": round(cpu / done * 1000, 3) if done else None,
                            "router_cpu_util": round(cpu / wall, 2), "load1": round(load, 2),
-                           "router_idle_util": round(idle, 4)}
+                           "router_idle_util": round(idle, 4),
+                           # the simulated engines' CPU per 1000 requests: what sets req/s when the router has spare
+                           "prefill_cpu_s_per_1000": round(engines[0] / done * 1000, 3) if done else None,
+                           "decode_cpu_s_per_1000": round(engines[1] / done * 1000, 3) if done else None,
+                           "releases": released}
                     rows.append(row)
                     print(f"{name:>3} {workload:>4} streams={streams:<5} rep {rep}: {row['rps']:>7} req/s  "
                           f"errors {errors:<4} router CPU {row['cpu_s_per_1000']} s/1000 req "
-                          f"({row['router_cpu_util']:.0%} of a core)  load {load:.1f}", flush=True)
+                          f"({row['router_cpu_util']:.0%} of a core)  engines P {row['prefill_cpu_s_per_1000']} "
+                          f"D {row['decode_cpu_s_per_1000']}  releases {released or 0}  load {load:.1f}", flush=True)
                     for s in samples[:2]:
                         print(f"      error: {s}", flush=True)
                     if router.poll() is not None:

@@ -82,6 +82,9 @@ def _traffic(url: str) -> list[Reuse]:
                   {"role": "assistant", "content": text}, {"role": "user", "content": "and then?"}]
         reuse, _ = _chat(client, url, cid, edited)
         seen.append(reuse)
+        deadline = time.monotonic() + 15  # the single turn's release is done (alone, or carried by a later turn)
+        while client.get(f"{url}/stats").json()["retention"]["release_queue"] and time.monotonic() < deadline:
+            time.sleep(0.05)
     return seen
 
 
