@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 import uuid
 from array import array
 from collections.abc import Iterator
@@ -279,3 +280,43 @@ def released(router: RouterProc) -> int:
     """Evicted handles' releases done: sent alone or carried."""
     done = router.stats()["retention"]["releases"].get("evicted", {})
     return int(done.get("sent", 0)) + int(done.get("carried", 0))
+
+
+def test_a_turn_carries_a_release_only_where_a_release_of_its_own_linked_the_prefill_and_the_decode() -> None:
+    # The first release on a pair goes alone (a first contact may start a NIXL handshake); then turns to that
+    # prefill carry them, until either engine restarts (a new generation) or the link is older than LINK_S.
+    sent: list[str] = []
+
+    class Recording(Releaser):
+        async def _send(self, h: Handle, reason: str) -> bool:
+            sent.append(h.conversation)
+            p = self.prefill.members[0]
+            self._links[p.url, h.decode_url] = (p.generation, h.generation, time.monotonic())
+            return True
+
+    async def main() -> None:
+        prefill, decode = Pool("prefill", ["http://p"]), Pool("decode", ["http://d"])
+        r = Recording(prefill, decode, "m", ReleaseMetrics(CollectorRegistry()), concurrency=1, carry_s=0.05)
+        r.client = cast(LeanClient, object())
+        p = prefill.members[0]
+        r.submit(Handle("a", {}, "http://d", None, 0.0, 1.0), "evicted")
+        assert r.take(p) is None  # not linked yet: a's release goes alone after the window
+        assert await r.drained(2.0) and sent == ["a"]
+        r.submit(Handle("b", {}, "http://d", None, 0.0, 1.0), "evicted")
+        q = r.take(p)
+        assert q is not None and q.handle.conversation == "b" and r.queued == 1
+        r.carried(q, p, True)
+        assert r.queued == 0 and r.metrics.results[("evicted", "carried")] == 1
+        r.submit(Handle("c", {}, "http://d", None, 0.0, 1.0), "evicted")
+        q = r.take(p)
+        assert q is not None
+        r.carried(q, p, False)  # its carrier failed: back to a worker, sent alone, never carried again
+        assert r.take(p) is None
+        assert await r.drained(2.0) and sent == ["a", "c"]
+        p.generation += 1  # the prefill restarted: its NIXL agent knows nobody
+        r.submit(Handle("d", {}, "http://d", None, 0.0, 1.0), "evicted")
+        assert r.take(p) is None
+        assert await r.drained(2.0) and sent == ["a", "c", "d"]
+        await r.close()
+
+    asyncio.run(main())

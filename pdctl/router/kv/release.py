@@ -66,7 +66,7 @@ from pdctl.router.kv.handles import PRESSURE, RECLAIMED, REPLACED, SHUTDOWN, SIN
 from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.lean_metrics import Counter
 from pdctl.router.upstream.client import LeanClient
-from pdctl.router.upstream.pools import Pool
+from pdctl.router.upstream.pools import Pool, Upstream
 
 log = logging.getLogger("pdctl.router")
 
@@ -162,9 +162,9 @@ class Releaser:
         self.journal: Pins | None = None  # the pin journal (journal.py), set where the router keeps one
         self._idle = asyncio.Event()
         self._closed = False
-        # (prefill URL, decode URL) -> (the decode's generation, when) of the last release through that prefill to
-        # that decode: a turn carries releases only on such a pair (see `take`).
-        self._links: dict[tuple[str, str], tuple[int, float]] = {}
+        # (prefill URL, decode URL) -> (the prefill's and the decode's generations, when) of the last release through
+        # that prefill to that decode: a turn carries releases only on such a pair (see `take`).
+        self._links: dict[tuple[str, str], tuple[int, int, float]] = {}
 
     @property
     def queued(self) -> int:
@@ -223,16 +223,16 @@ class Releaser:
         finally:
             self._running -= 1
 
-    def take(self, prefill_url: str) -> Queued | None:
-        """The oldest queued release a turn's prefill request to `prefill_url` can carry, for `carried` to settle
-        once that request is answered; None: nothing to carry. Releases whose decode is gone are settled here as
-        skipped, as a worker would.
+    def take(self, p: Upstream) -> Queued | None:
+        """The oldest queued release a turn's prefill request to `p` can carry, for `carried` to settle once that
+        request is answered; None: nothing to carry. Releases whose decode is gone are settled here as skipped, as
+        a worker would.
 
-        Only on a linked pair: a release of its own went through that prefill to that decode (this incarnation)
-        within LINK_S, so the prefill's NIXL agent already knows the decode. A first contact starts a handshake, and
-        in vLLM 0.26.0 a failed one reports the request as done receiving, which the scheduler accepts only of a
-        request waiting for KV or finished (`_update_from_kv_xfer_finished` asserts it): a one-token release has
-        finished by then, a turn computing its prompt may not have."""
+        Only on a linked pair: a release of its own went through that prefill to that decode (both in this
+        incarnation) within LINK_S, so the prefill's NIXL agent already knows the decode. A first contact starts a
+        handshake, and in vLLM 0.26.0 a failed one reports the request as done receiving, which the scheduler
+        accepts only of a request waiting for KV or finished (`_update_from_kv_xfer_finished` asserts it): a
+        one-token release has finished by then, a turn computing its prompt may not have."""
         if self.carry_s <= 0:
             return None
         now = time.monotonic()
@@ -244,14 +244,14 @@ class Releaser:
                 self.metrics.count(q.reason, "skipped")
                 self._done(q.handle, q.tokens, True)
                 continue
-            link = self._links.get((prefill_url, d.url))
-            if link is None or link[0] != d.generation or now - link[1] > LINK_S:
+            link = self._links.get((p.url, d.url))
+            if link is None or link[:2] != (p.generation, d.generation) or now - link[2] > LINK_S:
                 return None  # the worker sends it alone, which links the pair for the next ones
             self._queue.popleft()
             return q
         return None
 
-    def carried(self, q: Queued, prefill_url: str, sent: bool) -> None:
+    def carried(self, q: Queued, p: Upstream, sent: bool) -> None:
         """What became of a release a turn carried: sent (its prefill answered 200: the decode was notified when the
         request was scheduled), or not (refused, failed, unreachable: whether the notify went out is unknown). Then
         it goes back to the front of the queue for a worker to send alone, at once and never carried again: a
@@ -259,7 +259,7 @@ class Releaser:
         until the decode's TTL."""
         if sent:
             self.metrics.count(q.reason, CARRIED)
-            self._links[prefill_url, q.handle.decode_url] = (q.handle.generation, time.monotonic())
+            self._links[p.url, q.handle.decode_url] = (p.generation, q.handle.generation, time.monotonic())
             self._done(q.handle, q.tokens, True)
             return
         if self._closed:  # the router stopped: it stays in the journal for the next one
@@ -319,7 +319,7 @@ class Releaser:
             self._failed(h, reason, f"{p.url} answered {status}")
             return False
         self.metrics.count(reason, "sent")
-        self._links[p.url, h.decode_url] = (h.generation, time.monotonic())
+        self._links[p.url, h.decode_url] = (p.generation, h.generation, time.monotonic())
         return True
 
     def _failed(self, h: Handle, reason: str, why: str) -> None:

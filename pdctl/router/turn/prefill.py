@@ -115,13 +115,13 @@ async def run(state: RouterState, ctx: RequestContext, p: Upstream, verdict: Ver
         return PrefillResult(verdict, up, params, (time.perf_counter() - started) * 1000, status, error, cached)
 
     for attempt in range(2):
-        carry = state.releaser.take(p.url) if verdict.outcome == "miss" else None
+        carry = state.releaser.take(p) if verdict.outcome == "miss" else None
         sent = verdict.params
         if carry is not None:  # the prefill notifies that decode while it computes this turn
             sent = {**sent, **release_params(carry.handle.params, alone=False)}
         resp = await _call(state, p, *prefill_request(ctx.path, ctx.body, sent, ids), rid, parent)
         if carry is not None:
-            state.releaser.carried(carry, p.url, not isinstance(resp, str) and resp.status_code == 200)
+            state.releaser.carried(carry, p, not isinstance(resp, str) and resp.status_code == 200)
         with_handle = verdict.outcome != "miss"
         if with_handle and resp != "connect":
             ctx.spent = True
