@@ -222,6 +222,31 @@ class Engine:
             self.running += 1
             self.gauges()
 
+    async def _blocks(self, prompt: list[int], total: int) -> tuple[list[int], list[int]]:
+        """The request's prefix-cache hits and the new blocks it needs beside them (`total` in all).
+
+        A request that must wait for blocks holds none while it waits, as in vLLM, whose scheduler takes a waiting
+        request's cache hits only with the allocation that admits it (`allocate_slots`): two waiting requests that
+        each held their hits could otherwise wait for each other's blocks for ever. It waits for `total`, then looks
+        its hits up again and gives back the new blocks they make unnecessary."""
+        pool = self.pool
+        hit_ids = pool.lookup_prefix(prompt, len(prompt) - 1)
+        need = total - len(hit_ids)
+        if not self.kv_queue and need > pool.num_free:
+            self.store.sweep()  # due expiries only: a heap pop each
+        if not self.kv_queue and need <= pool.num_free:
+            try:
+                return hit_ids, await self._allocate(need)  # at once: nobody waits and the blocks are free
+            except BaseException:
+                pool.free_blocks(hit_ids)
+                raise
+        pool.free_blocks(hit_ids)
+        fresh = await self._allocate(total)
+        hit_ids = pool.lookup_prefix(prompt, len(prompt) - 1)
+        need = total - len(hit_ids)
+        pool.free_blocks(fresh[need:])
+        return hit_ids, fresh[:need]
+
     def _kv_freed(self) -> None:
         """Blocks were freed: admit waiting requests once the freeing code has returned."""
         if self.kv_queue and not self._admit_soon:
@@ -247,12 +272,7 @@ class Engine:
         is_p, is_d = bool(params.get("do_remote_decode")), bool(params.get("do_remote_prefill"))
         output = list(req.output[:m]) if req.output is not None else generate(T, m, req.thinking)
         seq = T + output[:-1]
-        hit_ids = pool.lookup_prefix(T, n - 1)
-        try:
-            new_ids = await self._allocate(pool.blocks_for(len(seq)) - len(hit_ids))
-        except BaseException:
-            pool.free_blocks(hit_ids)
-            raise
+        hit_ids, new_ids = await self._blocks(T, pool.blocks_for(len(seq)))
         ids = hit_ids + new_ids
         try:
             pulled, read_ms, held = await self._pull(req, params, is_p, is_d, seq, len(hit_ids), new_ids)
