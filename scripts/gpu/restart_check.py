@@ -129,6 +129,7 @@ def wait_released(router: str, args: argparse.Namespace) -> tuple[float | None, 
 
 
 def restart(name: str, router: str, args: argparse.Namespace) -> dict[str, Any]:
+    time.sleep(1.0)  # the router polls the decode's KV every 0.25 s: a reading taken after the load, not during it
     before = decode_kv(router)
     t0 = time.perf_counter()
     if name == "up --set":
