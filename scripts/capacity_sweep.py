@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdctl.bench.runner import capacity, eviction
 from pdctl.defaults import HANDLE_TTL_S, VLLM_DECODER_KV_BLOCKS_TTL_S
 from pdctl.topology import load
-from tests.conftest import free_port as ephemeral_port
+from tests.support.ports import free_port as ephemeral_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LEGS = "off,on,on-local,on-load,on-work,agg"

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from pdctl.bench.results.paths import leg_path  # noqa: E402
 from pdctl.bench.results.records import LegResult, RequestRecord  # noqa: E402
 from pdctl.bench.results.stats import percentile  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 LEGS = ["off:connector.bidirectional_kv_xfer=false",
         "on:connector.bidirectional_kv_xfer=true",

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pdctl.router import wire  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.sim_procs import SERVED, SimProc, start_sim, stop_group, wait_for_health  # noqa: E402
 
 

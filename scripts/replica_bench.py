@@ -43,9 +43,9 @@ from pdctl.lifecycle.hosts.engine_key import read_key
 from pdctl.remote.local import LocalTransport
 from pdctl.state import StateStore
 from pdctl.topology import Topology, load
-from tests.conftest import free_port
 from tests.lifecycle.test_router_replicas import free_block
 from tests.support.load import Load, Tally, corrupt_reuses
+from tests.support.ports import free_port
 from tests.support.sim_topology import sim_yaml
 
 

@@ -45,7 +45,7 @@ import httptools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.sim_procs import kv_config, stop_group
 
 MODEL = "Qwen"

@@ -38,7 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.sim_procs import stop_group
 
 MODEL = "Qwen"

@@ -6,8 +6,9 @@
 #   router-cpu.sh BUNDLE NAME=SRC [NAME=SRC ...]
 #
 # BUNDLE/wheels holds pdctl's dependencies as wheels for the host's Python (no matplotlib: the router, the simulator
-# and the bench do not import it) and pytest (the bench takes its port and process helpers from tests/); each SRC is
-# `git archive HEAD pdctl scripts pyproject.toml tests/__init__.py tests/conftest.py tests/support` at the commit to
+# and the bench do not import it; no pytest: the bench takes its port and process helpers from tests/support). Or
+# set PDCTL_RCPU_VENV to a venv that has them (after the GPU runs' `setup`: /opt/torch/.venv) and BUNDLE is not read.
+# Each SRC is `git archive HEAD pdctl scripts pyproject.toml tests/__init__.py tests/support` at the commit to
 # measure, with its commit in SRC/COMMIT.
 # $PDCTL_RCPU_ARGS: the bench's options (default: 64,256,1000 streams, new + mix, 3 reps of 4 s); $PDCTL_RCPU_SMALL:
 # options of a second run with the decode's KV made small (default: 256 streams, 3000 blocks; "" to skip).

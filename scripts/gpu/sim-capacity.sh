@@ -9,7 +9,7 @@
 #                                                          # lines at once (one process each), logs in OUT/,
 #                                                          # results in OUT.tgz
 # .gpu/simwh comes from `pip download --python-version 3.12 --only-binary=:all: ...` of pyproject's dependencies
-# and pytest (scripts/capacity_sweep.py takes free_port from tests/conftest.py).
+# (scripts/capacity_sweep.py takes its ports and process helpers from tests/support; pytest is not needed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WH=${SIMWH:-/root/simwh}
@@ -22,7 +22,7 @@ case "${1:-}" in
     py=$(command -v python3.12 || echo /opt/torch/.venv/bin/python)
     "$py" -m venv "$VENV"
     "$VENV"/bin/pip install -q --no-index --find-links "$WH" typer rich pyyaml pydantic paramiko httpx starlette \
-      uvicorn prometheus-client httptools uvloop orjson packaging matplotlib pytest
+      uvicorn prometheus-client httptools uvloop orjson packaging matplotlib
     PYTHONPATH=$PWD "$VENV"/bin/python -c "import pdctl, matplotlib, uvloop; print('pdctl', pdctl.__version__ if hasattr(pdctl, '__version__') else '?')" ;;
   sweeps)
     out=$2 spec=$3 i=0

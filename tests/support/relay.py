@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 from tests.support.sim_procs import stop_group, wait_for_health
 
 DONE = b"data: [DONE]\n\n"

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import free_port
+from tests.support.ports import free_port
 
 MODEL = "Qwen/Qwen3-32B"
 SERVED = "Qwen"

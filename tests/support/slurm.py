@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import free_port
 from tests.support.netns import SshLab, running_lab, skip_or_fail
+from tests.support.ports import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "nsenter")
 
