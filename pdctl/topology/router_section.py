@@ -84,7 +84,8 @@ class Router(Strict):
         ge=0,
         description="local_policy cost: the most a warm turn on its decode alone may lengthen the step of that "
         "decode's other streams, against the step they see anyway (default 1.2: their ITL stays near ON via "
-        "prefill's; until the decode's rates are measured every turn beside other streams goes through a prefill). "
+        "prefill's; until the decode's rates are measured a turn beside other streams goes through a prefill unless "
+        "its stall, priced at twice the prefill's compute, keeps the step within the ratio: a probe). "
         "0: no such bound, itl_slo_ms alone: a busy decode's local costs are measured by probes (one local turn "
         "at a time, priced at twice the prefill's compute) and the least TTFT within that budget is chosen. On one "
         "real H100 under eviction, warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99 "

@@ -214,7 +214,13 @@ def test_local_stall_ratio_zero_probes_a_busy_decode_whose_local_costs_are_not_m
     assert (long.source, long.basis, long.refused) == (DECODE_READ, "default", "unmeasured")
     queued = choose(turn(8000, 100, streams=4, decode_queued=100), unknown, FLOOR, SLO, CAP, stall_ratio=0)
     assert queued.refused == "unmeasured"  # another local prompt already in the batch: not two guesses at once
+    # With the default ratio a probe's priced stall must also keep the step within 1.2x it: 100 tokens (+25 ms
+    # on a 20 ms step) do not, 8 tokens (+2 ms) do; and nothing is guessed before the prefill's rate is measured.
     assert choose(turn(8000, 100, streams=4), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # ratio 1.2
+    few = choose(turn(8000, 8, streams=4), unknown, FLOOR, SLO, CAP)
+    assert (few.source, few.basis, few.refused, few.ttft_ms) == (DECODE_CACHE, "probe", None, 22.0)
+    assert choose(turn(8000, 8, streams=4), Speeds(None, None, None, None, None), FLOOR, SLO, CAP).refused == (
+        "unmeasured")
     # Nothing measured yet but a turn lacking at most SAFE_LOCAL_TOKENS: still a probe, the only guess left.
     assert SAFE_LOCAL_TOKENS == 512
     blind = Speeds(None, None, None, None, None)

@@ -32,12 +32,14 @@ min_read_tokens and, when its decode has no other stream, is placed by the `load
 model (`basis` "default"); beside other streams it goes through the prefill (refused "unmeasured"): a prefill of
 unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
 
-With router.local_stall_ratio 0 (the ITL budget alone) a decode that is never idle still gets its local costs
-measured, by probes (`basis` "probe"): a turn runs there beside other streams when no other local prompt is queued
-on it and its stall, priced at PROBE_MARGIN x the prefill's measured compute (both engines run the same model), keeps
-the step within the ITL budget (the prefill's rate not yet measured: when it lacks at most SAFE_LOCAL_TOKENS). Once
-measured, the model chooses by TTFT alone within the ITL budget: the other streams' stall is bounded by the budget,
-not priced against the turn's own time (with a ratio > 0 it is priced: the least TTFT plus stall).
+A decode that is never idle still gets its local costs measured, by probes (`basis` "probe"): a turn runs there
+beside other streams when no other local prompt is queued on it and its stall, priced at PROBE_MARGIN x the prefill's
+measured compute (both engines run the same model), keeps the step within the ITL budget and within
+router.local_stall_ratio x the step (so with the default ratio only turns lacking a handful of tokens, or a decode
+whose prefill is nearly free, probe). With ratio 0 (the ITL budget alone) a turn lacking at most SAFE_LOCAL_TOKENS
+probes even before the prefill's rate is measured. Once measured, with ratio 0 the model chooses by TTFT alone within
+the ITL budget: the other streams' stall is bounded by the budget, not priced against the turn's own time (with a
+ratio > 0 it is priced: the least TTFT plus stall).
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -190,28 +192,31 @@ def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO, s: 
     """The safe default while a cost the decode's price needs is not measured: a turn on a decode with no other
     stream to stall is the `load` policy's to place (basis "default"); beside other streams it goes through the
     prefill (a stall of unknown length; any prefill in their batch lengthens their step several times over), unless
-    `stall_ratio` is 0 (no stall bound) and it may probe the decode (`probe`)."""
+    it may probe the decode (`probe`): no other local prompt queued there and its stall, priced from the prefill's
+    compute, within the bounds a measured one would have to keep."""
     if t.streams == 0:
         return Choice(via.source, None, 0.0, "default", via.min_read)
-    if stall_ratio <= 0 and t.decode_queued == 0:
-        probe = _probe(t, via, s, itl_slo_ms)
+    if t.decode_queued == 0:
+        probe = _probe(t, via, s, itl_slo_ms, stall_ratio)
         if probe is not None:
             return probe
     return Choice(via.source, None, 0.0, "default", via.min_read, "unmeasured")
 
 
-def _probe(t: Turn, via: Choice, s: Speeds | None, itl_slo_ms: float) -> Choice | None:
+def _probe(t: Turn, via: Choice, s: Speeds | None, itl_slo_ms: float, stall_ratio: float) -> Choice | None:
     """The decode alone for a turn that measures its local costs, when its stall is safe to guess: priced at
-    PROBE_MARGIN x the prefill's compute, within the ITL budget (the step and the prefill's rate measured); else
-    lacking at most SAFE_LOCAL_TOKENS. None: through the prefill."""
+    PROBE_MARGIN x the prefill's compute, within the ITL budget and (stall_ratio > 0) within stall_ratio x the step
+    (the step and the prefill's rate measured); with stall_ratio 0 and those not measured, lacking at most
+    SAFE_LOCAL_TOKENS. None: through the prefill."""
     if s is None or s.prefill is None or s.step_ms is None:
-        if t.missing <= SAFE_LOCAL_TOKENS:
+        if stall_ratio <= 0 and t.missing <= SAFE_LOCAL_TOKENS:
             return Choice(DECODE_CACHE, None, 0.0, "probe", via.min_read)
         return None
     stall = t.missing * s.prefill.per_token_ms * PROBE_MARGIN
-    if s.step_ms + stall > ITL_HEADROOM * itl_slo_ms:
+    stalled = s.step_ms + stall
+    if stalled > ITL_HEADROOM * itl_slo_ms or (stall_ratio > 0 and stalled > stall_ratio * s.step_ms):
         return None
-    return Choice(DECODE_CACHE, stall + s.step_ms, t.streams * stall, "probe", via.min_read)
+    return Choice(DECODE_CACHE, stalled, t.streams * stall, "probe", via.min_read)
 
 
 def _refused(via: Choice, why: str) -> Choice:
