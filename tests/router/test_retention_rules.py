@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry
 
 from pdctl.router.kv.handles import Handle, HandleTable
 from pdctl.router.kv.release import ReleaseMetrics, Releaser
-from pdctl.router.kv.retention import DecodeKv, Retention, read_decode_kv, single_turn
+from pdctl.router.kv.retention import POLL_S, DecodeKv, Retention, read_decode_kv, single_turn
 from pdctl.router.upstream.pools import Pool
 
 URL = "http://d:1"
@@ -50,6 +52,29 @@ def test_under_the_marks_nothing_goes_and_above_them_the_least_valuable_go_first
     assert retention.judge(URL, kv(0.95)) == 3
     assert [cid for cid, _ in dropped[1:]] == ["once-new-short", "once-new-long", "old-continued"]
     assert table.take("once-old").reason == "released"
+
+
+def test_while_requests_wait_for_kv_a_conversation_that_never_continued_is_not_kept() -> None:
+    retention, table, dropped = setup()
+    table.squeezed = retention.squeezed
+    put(table, "continues", 1.0, 160)
+    table.take("continues")
+    table.release("continues")
+    retention.judge(URL, DecodeKv(0.85, 2, 1000 * BLOCK, time.monotonic()))  # 2 waiting, above the target
+    assert retention.squeezed(URL)
+    put(table, "first-turn", 2.0, 160)  # released as soon as it is stored, where a poll would batch it
+    assert dropped == [("first-turn", "pressure")]
+    assert table.take("first-turn").reason == "released"  # its next turn misses, and is kept from then on
+    put(table, "first-turn", 3.0, 320)
+    put(table, "continues", 3.0, 320)  # a conversation that took a second turn is kept
+    assert dropped == [("first-turn", "pressure")] and len(table) == 2
+    retention.judge(URL, DecodeKv(0.85, 0, 1000 * BLOCK, time.monotonic()))  # nobody waiting: kept again
+    assert not retention.squeezed(URL)
+    put(table, "new", 4.0, 160)
+    assert len(table) == 3 and len(dropped) == 1
+    # A finding that old (the decode stopped answering polls) no longer counts.
+    retention.judge(URL, DecodeKv(0.85, 2, 1000 * BLOCK, time.monotonic() - 10 * POLL_S))
+    assert not retention.squeezed(URL)
 
 
 def test_without_a_capacity_a_batch_goes_per_poll() -> None:

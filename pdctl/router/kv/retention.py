@@ -13,8 +13,12 @@ So the router polls each decode's own /metrics a few times a second (vLLM's `vll
   spare is a queue for compute, which releasing would not shorten.
 
 Handles go least valuable first (handles.HandleTable.shed): a conversation that never took a second turn, then the
-oldest, then the shortest. A turn whose handle was released is a miss (`released`), never wrong KV: the handle is
-gone from the table before its release is sent.
+oldest, then the shortest. And while a poll finds requests waiting on a decode above `retain_target_kv`, a
+conversation that never continued is not kept there at all: its handle is released as soon as the decode answers
+(reason `pressure`), one release per new conversation, which the next one's prefill request carries, rather than in
+the next poll's batch (polls every POLL_S; a batch larger than the new conversations of a carry window goes alone).
+A turn whose handle was released is a miss (`released`), never wrong KV: the handle is gone from the table before
+its release is sent.
 
 A turn the router can tell is its conversation's last is not retained at all: its KV is released as soon as the
 decode answers (reason `single_turn`): a request with `X-PD-Retain: no` (also `0`, `false`), and a request that
@@ -46,6 +50,7 @@ log = logging.getLogger("pdctl.router")
 
 POLL_S = 0.25
 FLUSH_S = 0.25  # the journal's appends: a router killed between two loses at most this much of its record
+SQUEEZE_S = 4 * POLL_S  # a poll's finding of requests waiting for KV counts this long (polls that fail: not longer)
 UNKNOWN_CAPACITY_BATCH = 8  # handles released per poll under pressure on a decode that does not say its capacity
 RETAIN_HEADER = b"x-pd-retain"
 NO = (b"no", b"0", b"false", b"off")
@@ -116,6 +121,7 @@ class Retention:
         self.metrics = RetentionMetrics(registry)
         self.seen: dict[str, DecodeKv] = {}
         self.pressure_events = 0  # polls that found a decode under pressure and released something
+        self._waiting: dict[str, float] = {}  # decode URL -> when a poll last found requests waiting for its KV
 
     @property
     def enabled(self) -> bool:
@@ -126,6 +132,10 @@ class Retention:
         """Release this router's handles on the decode at `url` if its KV is under pressure; return how many."""
         if not self.enabled or kv.usage is None:
             return 0
+        if kv.waiting > 0 and kv.usage > self.target:
+            self._waiting[url] = kv.at
+        else:
+            self._waiting.pop(url, None)
         over = kv.usage > self.high or (kv.waiting > 0 and kv.usage > self.target)
         if not over or not self.table.on(url):
             return 0
@@ -143,6 +153,12 @@ class Retention:
             log.info("decode %s at %.1f%% KV with %d waiting: released %d retained handle(s)", url,
                      100 * kv.usage, kv.waiting, gone)
         return gone
+
+    def squeezed(self, url: str) -> bool:
+        """Whether the last poll of the decode at `url`, at most SQUEEZE_S ago, found requests waiting for its KV
+        (above retain_target_kv): the handle table then keeps no conversation that never continued there."""
+        at = self._waiting.get(url)
+        return at is not None and time.monotonic() - at <= SQUEEZE_S
 
     async def poll(self, url: str, client: httpx.AsyncClient, timeout: float) -> None:
         try:
