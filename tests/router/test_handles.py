@@ -148,6 +148,11 @@ def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
     assert table.pinned() == {"http://d0": 48, "http://d1": 64}
     taken = table.take("a")
     assert (taken.handle, taken.reason, taken.eligible) == (None, "released", True)
+    table.put(pinning("huge", 100))  # larger than the budget on its own: it stays, every other handle there goes
+    assert dropped[1:] == [("b", PRESSURE), ("c", PRESSURE)]
+    assert table.pinned() == {"http://d0": 112, "http://d1": 64}
+    table.put(pinning("d", 10))  # and the next one displaces it
+    assert dropped[3:] == [("huge", PRESSURE)] and table.pinned() == {"http://d0": 16, "http://d1": 64}
 
 
 def chained(cid: str, ids: list[int], rid: str | None = None) -> Handle:

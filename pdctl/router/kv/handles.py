@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pdctl.router.kv.pins import over_budget, pinned_tokens
+from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.wire import DECODE_RESTARTED as RESTARTED
 from pdctl.router.wire import EVICTED, EXPIRED, NEW_CONVERSATION, NOT_ELIGIBLE, PREVIOUS_TURN_FAILED, RELEASED
 from pdctl.router.wire import HANDLE_IN_USE as IN_USE
@@ -184,15 +184,16 @@ class HandleTable:
     def _relieve(self, newest: Handle) -> None:
         """Release the least recently used handles of `newest`'s decode while it is over the budget.
 
-        One at a time: what a release frees depends on which handles still share its chunks."""
+        One at a time, from the least recent: what a release frees depends on which handles still share its chunks.
+        A newest handle larger than the budget on its own stays, with everything else on its decode gone."""
         url = newest.decode_url
         budget = self.budget(url) if self.budget is not None else 0
         while 0 < budget < self._pinned.get(url, 0):  # under budget (every put but a few): no walk of the table
-            lru = [(c, self._freed_by(h)) for c, h in self._live.items() if h.decode_url == url and h is not newest]
-            gone = over_budget(lru, self._pinned.get(url, 0), budget)[:1]
-            if not gone:
+            # The least recent handle on that decode: the table's first with one decode, never a walk of it all.
+            cid = next((c for c, h in self._live.items() if h.decode_url == url and h is not newest), None)
+            if cid is None:
                 return
-            h = self._live.pop(gone[0])
+            h = self._live.pop(cid)
             self._dropped(h)
             self.mark(h.conversation, RELEASED)
             self._unread(h, PRESSURE)

@@ -1,4 +1,5 @@
-"""How much KV a decode's live handles pin, and which handles go when a decode is over its budget (pure).
+"""How much KV a decode's live handles pin, and each decode's budget for them (pure; the table, handles.py, releases
+the least recent handles of a decode over its budget).
 
 A handle pins the blocks of its turn on the decode that issued it (`remote_num_tokens` tokens, rounded up to whole
 blocks) until a prefill reads them or the decode's `decoder_kv_blocks_ttl` runs out. Conversations that share a
@@ -10,7 +11,6 @@ it cannot tell apart (handles without a chain, the partial chunk at the end), so
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
 _INFO = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -21,23 +21,6 @@ def pinned_tokens(num_tokens: int, block_size: int) -> int:
     if num_tokens <= 0:
         return 0
     return -(-num_tokens // block_size) * block_size
-
-
-def over_budget(lru: Iterable[tuple[str, int]], pinned: int, budget: int) -> list[str]:
-    """The conversations to release, oldest first, until `pinned` is at most `budget` (0: no budget).
-
-    `lru` is the decode's handles as (conversation, pinned tokens), least recently used first, without the one
-    that took it over budget: a newest handle larger than the budget on its own stays, with everything else gone.
-    """
-    if budget <= 0 or pinned <= budget:
-        return []
-    out: list[str] = []
-    for cid, tokens in lru:
-        if pinned <= budget:
-            break
-        out.append(cid)
-        pinned -= tokens
-    return out
 
 
 def kv_capacity(metrics: str) -> int | None:
