@@ -131,8 +131,9 @@ class Router(Strict):
         "vllm:kv_cache_usage_perc, which the router polls a few times a second) is above this fraction, the router "
         "releases the KV it keeps there for next turns, least valuable first (conversations that never took a "
         "second turn, then the oldest, then the shortest), down to retain_target_kv; so do requests waiting on a "
-        "decode above retain_target_kv. A released conversation's next turn recomputes its history (a miss, "
-        "reason released). 0: off (docs/kv-retention.md).",
+        "decode above retain_target_kv, and while they wait a conversation that never continued is not kept there at "
+        "all. A released conversation's next turn recomputes its history (a miss, reason released). 0: off "
+        "(docs/kv-retention.md).",
     )
     retain_target_kv: float = Field(
         RETAIN_TARGET_KV,
