@@ -146,6 +146,7 @@ def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
     table.put(pinning("c", 10))  # d0: 32 + 32 + 16 > 64
     assert dropped == [("a", PRESSURE)]
     assert table.pinned() == {"http://d0": 48, "http://d1": 64}
+    assert (table.on("http://d0"), table.on("http://d1"), table.on("http://d2")) == (2, 1, 0)
     taken = table.take("a")
     assert (taken.handle, taken.reason, taken.eligible) == (None, "released", True)
     table.put(pinning("huge", 100))  # larger than the budget on its own: it stays, every other handle there goes
@@ -153,6 +154,9 @@ def test_a_decode_over_its_budget_releases_its_least_recent_handles() -> None:
     assert table.pinned() == {"http://d0": 112, "http://d1": 64}
     table.put(pinning("d", 10))  # and the next one displaces it
     assert dropped[3:] == [("huge", PRESSURE)] and table.pinned() == {"http://d0": 16, "http://d1": 64}
+    table.take("d")
+    table.drop("other", PRESSURE, "released")
+    assert (table.on("http://d0"), table.on("http://d1"), len(table)) == (0, 0, 0)
 
 
 def chained(cid: str, ids: list[int], rid: str | None = None) -> Handle:

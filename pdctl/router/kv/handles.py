@@ -143,6 +143,7 @@ class HandleTable:
         self._tomb_keys: dict[str, Hashable] = {}
         self._leased: dict[str, int] = {}
         self._pinned: dict[str, int] = {}
+        self._on: dict[str, int] = {}  # decode URL -> its live handles (read a few times a second: no table walk)
         # Per decode: how many live handles hold each whole chunk of their prefix, by the chunk's digest in the
         # handle's prefix-check chain (Handle.spec): a chunk two conversations share, the shared system prompt,
         # sits in one set of the decode's prefix-cached blocks and counts once.
@@ -238,8 +239,13 @@ class HandleTable:
         return pinned_tokens(h.num_tokens - len(links) * step, self.block_size)
 
     def _count(self, h: Handle, sign: int) -> None:
-        """Add (+1) or take away (-1) the handle's pinned tokens on its decode."""
+        """Add (+1) or take away (-1) the handle, and its pinned tokens, on its decode."""
         url = h.decode_url
+        on = self._on.get(url, 0) + sign
+        if on > 0:
+            self._on[url] = on
+        else:
+            self._on.pop(url, None)
         links, step = self._links(h)
         tokens = self._tail(h, links, step)
         if not links:  # no chain: the tail is all it pins
@@ -314,7 +320,7 @@ class HandleTable:
 
     def on(self, url: str) -> int:
         """Live handles whose KV sits on the decode at `url`."""
-        return sum(1 for h in self._live.values() if h.decode_url == url)
+        return self._on.get(url, 0)
 
     def release(self, cid: str) -> None:
         """The turn that took the handle is over (whatever happened to it)."""
