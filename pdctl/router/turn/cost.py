@@ -35,9 +35,9 @@ unknown cost is not put in a busy decode's batch, whose stall every stream there
 A decode that is never idle still gets its local costs measured, by probes (`basis` "probe"): a turn runs there
 beside other streams when no other local prompt is queued on it and its stall, priced at PROBE_MARGIN x the prefill's
 measured compute (both engines run the same model), keeps the step within the ITL budget and within
-router.local_stall_ratio x the step (so with the default ratio only turns lacking a handful of tokens, or a decode
-whose prefill is nearly free, probe). With ratio 0 (the ITL budget alone) a turn lacking at most SAFE_LOCAL_TOKENS
-probes even before the prefill's rate is measured. Once measured, with ratio 0 the model chooses by TTFT alone within
+router.local_stall_ratio x the step (so with the default ratio only turns lacking a handful of tokens probe).
+With ratio 0 (the ITL budget alone) a turn lacking at most SAFE_LOCAL_TOKENS probes even before the prefill's rate
+is measured. Once measured, with ratio 0 the model chooses by TTFT alone within
 the ITL budget: the other streams' stall is bounded by the budget, not priced against the turn's own time (with a
 ratio > 0 it is priced: the least TTFT plus stall).
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
