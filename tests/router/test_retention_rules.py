@@ -6,9 +6,14 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from pdctl.router.config import RouterConfig
 from pdctl.router.kv.handles import Handle, HandleTable
 from pdctl.router.kv.release import ReleaseMetrics, Releaser
 from pdctl.router.kv.retention import POLL_S, DecodeKv, Retention, read_decode_kv, single_turn
+from pdctl.router.turn.capture import Capture
+from pdctl.router.turn.context import CHAT, RequestContext
+from pdctl.router.turn.keep import new_handle
+from pdctl.router.turn.state import RouterState
 from pdctl.router.upstream.pools import Pool
 
 URL = "http://d:1"
@@ -55,23 +60,30 @@ def test_under_the_marks_nothing_goes_and_above_them_the_least_valuable_go_first
 
 
 def test_while_requests_wait_for_kv_a_conversation_that_never_continued_is_not_kept() -> None:
-    retention, table, dropped = setup()
-    table.squeezed = retention.squeezed
-    put(table, "continues", 1.0, 160)
+    state = RouterState.create(RouterConfig(prefill=("http://p:1",), decode=(URL,)))
+    d, table, retention = state.decode.members[0], state.handles, state.retention
+
+    def answered(cid: str, tokens: int) -> None:  # the decode answered a turn of `cid` (turn/keep.py)
+        ctx = RequestContext(f"r-{cid}", 0.0, "POST", CHAT, [], b"", None, {}, conversation=cid)
+        capture = Capture(chat=True, keep_ids=False)
+        capture.params = {"remote_request_id": f"{cid}-{tokens}", "remote_num_tokens": tokens}
+        new_handle(state, ctx, capture, d)
+
+    answered("continues", 160)
     table.take("continues")
     table.release("continues")
     retention.judge(URL, DecodeKv(0.85, 2, 1000 * BLOCK, time.monotonic()))  # 2 waiting, above the target
     assert retention.squeezed(URL)
-    put(table, "first-turn", 2.0, 160)  # released as soon as it is stored, where a poll would batch it
-    assert dropped == [("first-turn", "pressure")]
+    answered("first-turn", 160)  # released as the decode answers, where a poll would batch it
+    assert table.get("first-turn") is None
     assert table.take("first-turn").reason == "released"  # its next turn misses, and is kept from then on
-    put(table, "first-turn", 3.0, 320)
-    put(table, "continues", 3.0, 320)  # a conversation that took a second turn is kept
-    assert dropped == [("first-turn", "pressure")] and len(table) == 2
+    answered("first-turn", 320)
+    answered("continues", 320)  # a conversation that took a second turn is kept
+    assert len(table) == 2
     retention.judge(URL, DecodeKv(0.85, 0, 1000 * BLOCK, time.monotonic()))  # nobody waiting: kept again
     assert not retention.squeezed(URL)
-    put(table, "new", 4.0, 160)
-    assert len(table) == 3 and len(dropped) == 1
+    answered("new", 160)
+    assert len(table) == 3
     # A finding that old (the decode stopped answering polls) no longer counts.
     retention.judge(URL, DecodeKv(0.85, 2, 1000 * BLOCK, time.monotonic() - 10 * POLL_S))
     assert not retention.squeezed(URL)

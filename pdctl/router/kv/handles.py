@@ -133,9 +133,6 @@ class HandleTable:
         self.budget = budget
         self.block_size = block_size
         self.journal = journal
-        # Whether requests wait for KV on a decode (retention.Retention.squeezed, set where the router polls its
-        # decodes): a conversation that never continued is then not kept there at all (see `put`).
-        self.squeezed: Callable[[str], bool] | None = None
         self._live: OrderedDict[str, Handle] = OrderedDict()
         self._tombs: OrderedDict[str, str] = OrderedDict()
         # A tombstoned conversation's derived key, so that its next turn finds it (and its miss reason) without an
@@ -155,9 +152,9 @@ class HandleTable:
     def put(self, handle: Handle) -> None:
         """Store a conversation's newest handle; an older one is replaced (its blocks expire on the decode)."""
         cid = handle.conversation
-        old = self._live.pop(cid, None)
-        if old is not None or cid in self._tombs or cid in self._leased:
+        if self.continues(cid):
             handle.continued = True
+        old = self._live.pop(cid, None)
         if old is not None:
             self._dropped(old)
             if old.request_id != handle.request_id:
@@ -176,11 +173,11 @@ class HandleTable:
             self.mark(evicted.conversation, EVICTED)
             self._unread(evicted, EVICTED)
         self._relieve(handle)
-        if not handle.continued and self.squeezed is not None and self.squeezed(handle.decode_url):
-            # Requests wait for KV on that decode: a first turn's blocks go back now, one release per new
-            # conversation (which the next new conversation's prefill request carries), rather than in the next
-            # poll's batch, most of which would go alone. Its next turn, if one comes, misses (`released`).
-            self.drop(cid, PRESSURE, RELEASED)
+
+    def continues(self, cid: str) -> bool:
+        """Whether the conversation took a turn before (it has a handle, a lease, or a miss reason): a turn of it
+        is not its first."""
+        return cid in self._live or cid in self._tombs or cid in self._leased
 
     def _relieve(self, newest: Handle) -> None:
         """Release the least recently used handles of `newest`'s decode while it is over the budget.

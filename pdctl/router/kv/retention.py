@@ -132,11 +132,12 @@ class Retention:
         """Release this router's handles on the decode at `url` if its KV is under pressure; return how many."""
         if not self.enabled or kv.usage is None:
             return 0
-        if kv.waiting > 0 and kv.usage > self.target:
+        waiting = kv.waiting > 0 and kv.usage > self.target
+        if waiting:
             self._waiting[url] = kv.at
         else:
             self._waiting.pop(url, None)
-        over = kv.usage > self.high or (kv.waiting > 0 and kv.usage > self.target)
+        over = kv.usage > self.high or waiting
         if not over or not self.table.on(url):
             return 0
         if kv.capacity:
@@ -156,7 +157,7 @@ class Retention:
 
     def squeezed(self, url: str) -> bool:
         """Whether the last poll of the decode at `url`, at most SQUEEZE_S ago, found requests waiting for its KV
-        (above retain_target_kv): the handle table then keeps no conversation that never continued there."""
+        (above retain_target_kv): a conversation's first turn then keeps nothing there (turn/keep.py)."""
         at = self._waiting.get(url)
         return at is not None and time.monotonic() - at <= SQUEEZE_S
 

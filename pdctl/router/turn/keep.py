@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from pdctl import prefix_check
 from pdctl.router import wire
-from pdctl.router.kv.handles import SINGLE_TURN, UNREAD, Handle
+from pdctl.router.kv.handles import PRESSURE, SINGLE_TURN, UNREAD, Handle
 from pdctl.router.kv.retention import single_turn
 from pdctl.router.turn.capture import Capture
 from pdctl.router.turn.context import RequestContext
@@ -44,6 +44,13 @@ def new_handle(state: RouterState, ctx: RequestContext, capture: Capture, d: Ups
         return
     state.decode.saw_engine(d, capture.params.get("remote_engine_id"))
     now, cfg = state.handles.clock(), state.config
+    if state.retention.squeezed(d.url) and not state.handles.continues(cid):
+        # Requests wait for KV on that decode: a first turn's blocks go back now, one release per new conversation
+        # (which the next one's prefill request carries), not in a poll's batch, most of which would go alone. Its
+        # next turn, if one comes, misses (`released`) and is kept from then on.
+        state.releaser.submit(Handle(cid, capture.params, d.url, None, now, now, generation=d.generation), PRESSURE)
+        state.handles.mark(cid, wire.RELEASED, key)
+        return
     held = as_tokens(capture.held_tokens())
     n = capture.params.get("remote_num_tokens")
     spec = (prefix_check.spec(held, n, cfg.block_size, cfg.partial_reuse, cfg.min_read_tokens)

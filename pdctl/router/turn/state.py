@@ -66,9 +66,6 @@ class RouterState:
         handles = HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
                               budget=capacities.budget if config.release else None,
                               block_size=config.block_size, journal=journal)
-        retention = Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
-                              config.block_size, metrics.registry, journal)
-        handles.squeezed = retention.squeezed
         return cls(
             config=config,
             prefill=prefill,
@@ -89,7 +86,8 @@ class RouterState:
             engine_choice=EngineChoice(),
             kv_use=KvUse(),
             overflowed=AffinityTable(config.max_handles, index=index),
-            retention=retention,
+            retention=Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
+                                config.block_size, metrics.registry, journal),
             rates=rates,
             choices=Choices(metrics.registry, rates, config.itl_slo_ms, config.local_stall_ratio),
             tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
