@@ -113,16 +113,28 @@ def wait_health(port: int, proc: subprocess.Popen[bytes], what: str, log: Path) 
     sys.exit(f"{what} did not answer /health on port {port}; its log: {log}")
 
 
-def releases(port: int) -> dict[str, int]:
-    """The router's releases so far, by reason and result (sent alone, carried on a turn's prefill request, ...)."""
+def counters(port: int) -> dict[str, int]:
+    """The router's counts so far (/stats): releases by reason and result (sent alone, carried on a turn's prefill
+    request, ...), as "release REASON RESULT"; the KV source the cost model chose for warm turns ("source S") and
+    why it refused the decode alone ("refused WHY")."""
     status, body = asyncio.run(_get(port, "/stats"))
     if status != 200:
         return {}
+    doc = json.loads(body)
     out: dict[str, int] = {}
-    for reason, by_result in json.loads(body).get("retention", {}).get("releases", {}).items():
+    for reason, by_result in (doc.get("retention") or {}).get("releases", {}).items():
         for result, n in by_result.items():
-            out[f"{reason} {result}"] = out.get(f"{reason} {result}", 0) + int(n)
+            out[f"release {reason} {result}"] = out.get(f"release {reason} {result}", 0) + int(n)
+    choice = doc.get("kv_choice") or {}
+    for prefix, key in (("source", "mix"), ("refused", "local_refused")):
+        out.update({f"{prefix} {k}": int(n) for k, n in (choice.get(key) or {}).items()})
     return out
+
+
+def since(before: dict[str, int], after: dict[str, int], prefix: str) -> dict[str, int]:
+    """What grew between two `counters` readings, for the keys under `prefix` (the prefix dropped)."""
+    return {k.removeprefix(prefix): n - before.get(k, 0) for k, n in after.items()
+            if k.startswith(prefix) and n - before.get(k, 0)}
 
 
 async def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -319,12 +331,12 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
                     load = os.getloadavg()[0]
                     c0, t0 = cpu_seconds(router.pid), time.perf_counter()
                     e0 = [cpu_seconds(p.pid) for p in procs[:2]]
-                    r0 = releases(rp)
+                    r0 = counters(rp)
                     done, errors, samples = play(rp, streams, args.seconds, workload, args.load_procs, other_cores)
                     wall, cpu = time.perf_counter() - t0, cpu_seconds(router.pid) - c0
                     engines = [cpu_seconds(p.pid) - e for p, e in zip(procs[:2], e0, strict=True)]
-                    r1 = releases(rp)
-                    released = {k: n - r0.get(k, 0) for k, n in r1.items() if n - r0.get(k, 0)}
+                    r1 = counters(rp)
+                    released = since(r0, r1, "release ")
                     row = {"leg": name, "workload": workload, "streams": streams, "rep": rep, "requests": done,
                            "errors": errors, "rps": round(done / wall, 1),
                            "cpu_s_per_1000": round(cpu / done * 1000, 3) if done else None,
@@ -333,12 +345,17 @@ def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int]
                            # the simulated engines' CPU per 1000 requests: what sets req/s when the router has spare
                            "prefill_cpu_s_per_1000": round(engines[0] / done * 1000, 3) if done else None,
                            "decode_cpu_s_per_1000": round(engines[1] / done * 1000, 3) if done else None,
-                           "releases": released}
+                           "releases": released,
+                           # warm turns by the KV source the router chose, and why the decode alone was refused
+                           "sources": since(r0, r1, "source "), "refused": since(r0, r1, "refused ")}
                     rows.append(row)
                     print(f"{name:>3} {workload:>4} streams={streams:<5} rep {rep}: {row['rps']:>7} req/s  "
                           f"errors {errors:<4} router CPU {row['cpu_s_per_1000']} s/1000 req "
                           f"({row['router_cpu_util']:.0%} of a core)  engines P {row['prefill_cpu_s_per_1000']} "
                           f"D {row['decode_cpu_s_per_1000']}  releases {released or 0}  load {load:.1f}", flush=True)
+                    if row["sources"] or row["refused"]:
+                        print(f"      warm turns by source {row['sources']}  decode alone refused {row['refused']}",
+                              flush=True)
                     for s in samples[:2]:
                         print(f"      error: {s}", flush=True)
                     if router.poll() is not None:

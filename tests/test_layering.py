@@ -24,7 +24,8 @@ LEAVES = ("pdctl", "pdctl.errors", "pdctl.secret", "pdctl.kv_expiry", "pdctl.def
           "pdctl.topology.strings", "pdctl.topology.bounded_yaml", "pdctl.vllm_compat", "pdctl.vllm_compat.edits",
           "pdctl.engine_metrics", "pdctl.examples")
 # What the router may import from the rest of pdctl: it stands apart and talks HTTP.
-ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults", "pdctl.prefix_check")
+ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults", "pdctl.prefix_check",
+                 "pdctl.fasthttp")
 # The router's public surface, for everything outside pdctl/router/ (serve: its entry point, `router_app`).
 ROUTER_PUBLIC = ("pdctl.router", "pdctl.router.wire", "pdctl.router.config", "pdctl.router.serve")
 
@@ -165,9 +166,10 @@ def _inside(module: str, prefix: str) -> bool:
 
 def sim_stands_apart() -> Iterator[tuple[str, Import]]:
     for i in IMPORTS:
-        # pdctl.prefix_check is the prefill's side of verification, which vLLM gets as a copy of the same file.
+        # pdctl.prefix_check is the prefill's side of verification, which vLLM gets as a copy of the same file;
+        # pdctl.fasthttp is a transport for httpx that imports nothing of pdctl (the side channel's client).
         if (_inside(i.source, "pdctl.sim") and not _inside(i.target, "pdctl.sim")
-                and i.target != "pdctl.prefix_check"):
+                and i.target not in ("pdctl.prefix_check", "pdctl.fasthttp")):
             yield "sim-stands-apart", i
         if _inside(i.source, "pdctl.vllm_compat") and not _inside(i.target, "pdctl.vllm_compat"):
             yield "sim-stands-apart", i

@@ -9,6 +9,8 @@ time makes every capacity result from it wrong):
   holds twice what is retained (amortised O(1) per release).
 - Each peer's side channel is its own HTTP client with at most `SIDE_CHANNEL_IN_FLIGHT` requests (and so
   connections) at a time: a shared pool with hundreds of requests queued rescans them all on every assignment.
+  Its transport is pdctl.fasthttp's, not httpx's own, which polls every idle connection's socket before each
+  request (the pulls' HTTP was half of a zero-delay decode's CPU).
 - Notifies are queued per peer and sent in batches (one request carrying up to `NOTIFY_BATCH` request ids) by one
   task per peer, which the reader owns and awaits on close; vLLM's `send_notif` likewise never makes the request
   wait for the peer. The task lingers `NOTIFY_LINGER_S` before each batch so that notifies arriving a few ms apart
@@ -30,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from pdctl.fasthttp import FastTransport
 from pdctl.sim.blocks import BlockPool
 from pdctl.sim.metrics import SimMetrics
 
@@ -165,7 +168,8 @@ class SideChannel:
         self.metrics = metrics
         limits = httpx.Limits(max_connections=SIDE_CHANNEL_IN_FLIGHT,
                               max_keepalive_connections=SIDE_CHANNEL_IN_FLIGHT)
-        self.client = httpx.AsyncClient(base_url=base, limits=limits)
+        self.client = httpx.AsyncClient(base_url=base, limits=limits,
+                                        transport=FastTransport(max_idle=SIDE_CHANNEL_IN_FLIGHT))
         self.slots = asyncio.Semaphore(SIDE_CHANNEL_IN_FLIGHT)
         self.pending: list[str] = []
         self.flusher: asyncio.Task[None] | None = None

@@ -33,6 +33,7 @@ class SimMetrics:
         r = self.registry
         ProcessCollector(registry=r)  # process_cpu_seconds_total, as vLLM's /metrics has: the bench warns near 1 core
         self._values = {"model_name": model_name, "engine": "0"}
+        self._children: dict[int, MetricWrapperBase] = {}  # lab(): each metric's child for _values, by id
         self.running = Gauge("vllm:num_requests_running", "Requests running.", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", labels, registry=r)
@@ -131,7 +132,13 @@ class SimMetrics:
         self.stats = TransferStats()
 
     def lab(self, metric: M) -> M:
-        return metric.labels(**self._values)
+        """The metric's child for this engine's labels. Cached: prometheus-client's labels() validates and locks
+        on every call, and an engine sets its gauges several times a request (a tenth of a zero-delay prefill's
+        CPU went there)."""
+        child = self._children.get(id(metric))
+        if child is None:
+            child = self._children[id(metric)] = metric.labels(**self._values)
+        return child  # type: ignore[return-value]  # labels() of an M is an M
 
     def enable_steps(self) -> None:
         """Show the step counters (at 0) only on an engine that runs the step model: without them a reader knows

@@ -21,6 +21,7 @@ import time
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pdctl.fasthttp import FastTransport
 from pdctl.router.config import RouterConfig
 from pdctl.router.errors import send_error
 from pdctl.router.server import retention, timers
@@ -33,7 +34,6 @@ from pdctl.router.server.routes import ROUTES, Route, RouteTable
 from pdctl.router.turn.context import NO_BODY, SCOPE_KEY, RequestContext
 from pdctl.router.turn.state import RouterState
 from pdctl.router.upstream.client import LeanClient
-from pdctl.router.upstream.transport import FastTransport
 from pdctl.secret import bearer
 
 log = logging.getLogger("pdctl.router")

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from pdctl.router.upstream.transport import Body, FastTransport, Key
+from pdctl.fasthttp import Body, FastTransport, Key
 
 _MAX_URLS = 4096  # distinct upstream URLs remembered (engines x paths: a handful in practice)
 

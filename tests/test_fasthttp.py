@@ -1,4 +1,5 @@
-"""The router's upstream transport against a real asyncio HTTP server on 127.0.0.1."""
+"""The fast httpx transport (the router's upstream calls, the simulator's side channel) against a real asyncio HTTP
+server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import httpx
 import pytest
 
-from pdctl.router.upstream.transport import FastTransport
+from pdctl.fasthttp import FastTransport
 
 
 async def serve(handler_delay: float = 0.0) -> tuple[asyncio.Server, list[int]]:

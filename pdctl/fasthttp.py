@@ -1,9 +1,13 @@
-"""A lean HTTP/1.1 keep-alive transport for the router's httpx client: asyncio protocols + httptools.
+"""A lean HTTP/1.1 keep-alive transport for httpx clients on a hot path: asyncio protocols + httptools.
 
-httpx's default transport (httpcore on anyio) costs several hundred microseconds of CPU per request; the router
-makes two or three upstream calls per client request and must add well under a millisecond. This transport
-speaks only what the router needs (plain http, HTTP/1.1, keep-alive, streamed bodies) and still presents the
-httpx interface, so the rest of the code and the tests are unchanged; pass another transport to opt out.
+httpx's default transport (httpcore on anyio) costs several hundred microseconds of CPU per request (its pool
+checks every idle connection's socket before each request). Two clients cannot afford that: the router, which
+makes two or three upstream calls per client request and must add well under a millisecond, and the simulated
+engines' side channel, which stands in for NIXL (whose reads cost no Python) and makes a call per pulled request.
+This transport speaks only what they need (plain http, HTTP/1.1, keep-alive, streamed bodies) and still presents
+the httpx interface, so the rest of the code and the tests are unchanged; pass another transport to opt out.
+It imports nothing of pdctl: the router uses it as a leaf, the simulator (which stands apart) as its one exception
+besides prefix_check.
 """
 
 from __future__ import annotations
@@ -185,7 +189,7 @@ class FastTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         if url.scheme != "http":
-            raise httpx.UnsupportedProtocol("the router's fast transport speaks plain http only")
+            raise httpx.UnsupportedProtocol("the fast transport speaks plain http only")
         timeouts = request.extensions.get("timeout", {})
         body = request.content
         lines = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
