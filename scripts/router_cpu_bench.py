@@ -3,8 +3,10 @@
 
 For each leg (ON: the engines keep a finished turn's KV for the next one, `bidirectional_kv_xfer`; OFF: they do
 not) this starts one simulated prefill and decode at zero delay (`--speed inf`) and pdctl's router, pinned to its
-own core with `taskset` semantics (sched_setaffinity) where the machine has more than one, then plays each workload
-at each stream count `--reps` times back to back on that same deployment (nothing restarted between repetitions):
+own core with `taskset` semantics (sched_setaffinity) where the machine has more than one; both legs' deployments
+are up at once (the idle one's timers cost about 1 % of a core). Then it plays each workload at each stream count
+`--reps` times on the same deployments (nothing restarted between repetitions), the legs taking turns within each
+repetition (ON then OFF, then OFF then ON, ...), so that the two sides of a ratio run seconds apart:
 
   new   every request a new conversation (a miss: the prefill then the decode)
   mix   half the streams play new one-turn conversations, half play 4-turn conversations (each turn the previous
@@ -275,7 +277,7 @@ def play(port: int, streams: int, seconds: float, workload: str, procs: int,
         share = streams // n + (1 if k < streams % n else 0)
         w = ctx.Process(target=worker, args=(port, share, seconds, workload, k, q))
         w.start()
-        if cores:
+        if cores and w.pid is not None:
             os.sched_setaffinity(w.pid, cores)
         ws.append(w)
     done = errors = 0
@@ -288,85 +290,114 @@ def play(port: int, streams: int, seconds: float, workload: str, procs: int,
     return done, errors, samples
 
 
-# -- one leg: engines + router, every workload and stream count ---------------------------------------------------
-def leg(name: str, args: argparse.Namespace, logs: Path, router_cores: list[int],
-        other_cores: list[int]) -> list[dict[str, Any]]:
-    bidirectional = name == "on"
-    pp, dp, rp = next_port(), next_port(), next_port()
-    procs = []
-    for role, port, blocks in (("prefill", pp, 2_000_000), ("decode", dp, args.decode_blocks)):
-        argv = [sys.executable, "-m", "pdctl.sim", "serve", "Qwen/Qwen3-32B", "--role", role, "--port", str(port),
-                "--served-model-name", MODEL, "--speed", "inf", "--num-gpu-blocks", str(blocks),
-                "--max-num-seqs", "1024", "--log-stats-interval", "3600",
-                "--kv-transfer-config", kv_config(role, bidirectional, ttl=args.kv_ttl),
-                *([] if role == "decode" else ["--no-enable-prefix-caching"])]
-        env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(next_port())}
-        procs.append(start(argv, logs / f"{name}-{role}.log", other_cores, env))
-    rows: list[dict[str, Any]] = []
-    spy: subprocess.Popen[bytes] | None = None
-    try:
-        for (port, proc), role in zip(((pp, procs[0]), (dp, procs[1])), ("prefill", "decode"), strict=True):
+# -- one leg's deployment: engines + router, measured one repetition at a time -----------------------------------
+class Deployment:
+    """One leg's simulated prefill and decode and its router, started once and measured repetition by repetition
+    (nothing restarted between them)."""
+
+    def __init__(self, name: str, args: argparse.Namespace, logs: Path, router_cores: list[int],
+                 other_cores: list[int]) -> None:
+        self.name, self.args, self.logs, self.other_cores = name, args, logs, other_cores
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.spy: subprocess.Popen[bytes] | None = None
+        self.idle = 0.0
+        bidirectional = name == "on"
+        pp, dp, self.rp = next_port(), next_port(), next_port()
+        for role, port, blocks in (("prefill", pp, 2_000_000), ("decode", dp, args.decode_blocks)):
+            argv = [sys.executable, "-m", "pdctl.sim", "serve", "Qwen/Qwen3-32B", "--role", role, "--port", str(port),
+                    "--served-model-name", MODEL, "--speed", "inf", "--num-gpu-blocks", str(blocks),
+                    "--max-num-seqs", "1024", "--log-stats-interval", "3600",
+                    "--kv-transfer-config", kv_config(role, bidirectional, ttl=args.kv_ttl),
+                    *([] if role == "decode" else ["--no-enable-prefix-caching"])]
+            env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(next_port())}
+            self.procs.append(start(argv, logs / f"{name}-{role}.log", other_cores, env))
+        for (port, proc), role in zip(((pp, self.procs[0]), (dp, self.procs[1])), ("prefill", "decode"), strict=True):
             wait_health(port, proc, f"simulated {role}", logs / f"{name}-{role}.log")
-        router_log = logs / f"{name}-router.log"
+        self.router_log = logs / f"{name}-router.log"
         prof = ["-c", CPROFILE, f"{args.cprofile}.{name}"] if args.cprofile else ["-m", "pdctl.router"]
-        router = start([sys.executable, *prof, "serve", "--port", str(rp),
-                        "--prefill", f"http://127.0.0.1:{pp}", "--decode", f"http://127.0.0.1:{dp}",
-                        "--model", MODEL, "--decoder-kv-blocks-ttl", str(args.kv_ttl), "--log-level", "warning",
-                        *args.router_arg], router_log, router_cores)
-        procs.append(router)
-        wait_health(rp, router, "router", router_log)
+        self.router = start([sys.executable, *prof, "serve", "--port", str(self.rp),
+                             "--prefill", f"http://127.0.0.1:{pp}", "--decode", f"http://127.0.0.1:{dp}",
+                             "--model", MODEL, "--decoder-kv-blocks-ttl", str(args.kv_ttl), "--log-level", "warning",
+                             *args.router_arg], self.router_log, router_cores)
+        self.procs.append(self.router)
+        wait_health(self.rp, self.router, "router", self.router_log)
         if args.profile and shutil.which("py-spy"):
             out = Path(f"{args.profile}.{name}")
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(router.pid), "--format", "speedscope",
-                                    "--output", str(out), "--rate", "50"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
-        play(rp, 16, 1.0, "new", args.load_procs, other_cores)  # warm-up: imports, connections
-        c0 = cpu_seconds(router.pid)
+            self.spy = subprocess.Popen(["py-spy", "record", "--pid", str(self.router.pid), "--format", "speedscope",
+                                         "--output", str(out), "--rate", "50"], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def warm(self) -> None:
+        """A short load (imports, connections), then the router's CPU while idle (health checks, timers)."""
+        play(self.rp, 16, 1.0, "new", self.args.load_procs, self.other_cores)
+        c0 = cpu_seconds(self.router.pid)
         time.sleep(5)
-        idle = (cpu_seconds(router.pid) - c0) / 5
-        print(f"{name:>3} router idle (health checks, timers): {idle:.1%} of a core", flush=True)
+        self.idle = (cpu_seconds(self.router.pid) - c0) / 5
+        print(f"{self.name:>3} router idle (health checks, timers): {self.idle:.1%} of a core", flush=True)
+
+    def measure(self, workload: str, streams: int, rep: int) -> dict[str, Any]:
+        """One repetition: the load for --seconds, the router's and the engines' CPU over it, what /stats counted."""
+        name, args, procs, router = self.name, self.args, self.procs, self.router
+        load = os.getloadavg()[0]
+        c0, t0 = cpu_seconds(router.pid), time.perf_counter()
+        e0 = [cpu_seconds(p.pid) for p in procs[:2]]
+        r0 = counters(self.rp)
+        done, errors, samples = play(self.rp, streams, args.seconds, workload, args.load_procs, self.other_cores)
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(router.pid) - c0
+        engines = [cpu_seconds(p.pid) - e for p, e in zip(procs[:2], e0, strict=True)]
+        r1 = counters(self.rp)
+        released = since(r0, r1, "release ")
+        row = {"leg": name, "workload": workload, "streams": streams, "rep": rep, "requests": done,
+               "errors": errors, "rps": round(done / wall, 1),
+               "cpu_s_per_1000": round(cpu / done * 1000, 3) if done else None,
+               "router_cpu_util": round(cpu / wall, 2), "load1": round(load, 2),
+               "router_idle_util": round(self.idle, 4),
+               # the simulated engines' CPU per 1000 requests: what sets req/s when the router has spare
+               "prefill_cpu_s_per_1000": round(engines[0] / done * 1000, 3) if done else None,
+               "decode_cpu_s_per_1000": round(engines[1] / done * 1000, 3) if done else None,
+               "releases": released,
+               # warm turns by the KV source the router chose, and why the decode alone was refused
+               "sources": since(r0, r1, "source "), "refused": since(r0, r1, "refused ")}
+        print(f"{name:>3} {workload:>4} streams={streams:<5} rep {rep}: {row['rps']:>7} req/s  "
+              f"errors {errors:<4} router CPU {row['cpu_s_per_1000']} s/1000 req "
+              f"({row['router_cpu_util']:.0%} of a core)  engines P {row['prefill_cpu_s_per_1000']} "
+              f"D {row['decode_cpu_s_per_1000']}  releases {released or 0}  load {load:.1f}", flush=True)
+        if row["sources"] or row["refused"]:
+            print(f"      warm turns by source {row['sources']}  decode alone refused {row['refused']}", flush=True)
+        for s in samples[:2]:
+            print(f"      error: {s}", flush=True)
+        if router.poll() is not None:
+            sys.exit(f"the router exited with {router.returncode}; its log: {self.router_log}")
+        return row
+
+    def stop(self) -> None:
+        if self.spy is not None:
+            self.spy.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.spy.wait(timeout=30)
+        for p in reversed(self.procs):
+            stop_group(p)
+
+
+def run(args: argparse.Namespace, logs: Path, router_cores: list[int], other_cores: list[int]) -> list[dict[str, Any]]:
+    """Every leg's deployment up at once, then each point's repetitions with the legs taking turns (ON, OFF; then
+    OFF, ON; ...): the two legs of a repetition run seconds apart, so a drift of the host over the minutes a sweep
+    takes (other load, clocks) reaches both alike instead of setting their ratio."""
+    deployments: list[Deployment] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        for g in args.legs.split(","):
+            deployments.append(Deployment(g, args, logs, router_cores, other_cores))
+        for d in deployments:
+            d.warm()
         for workload in args.workloads.split(","):
             for streams in (int(s) for s in args.streams.split(",")):
                 for rep in range(1, args.reps + 1):
-                    load = os.getloadavg()[0]
-                    c0, t0 = cpu_seconds(router.pid), time.perf_counter()
-                    e0 = [cpu_seconds(p.pid) for p in procs[:2]]
-                    r0 = counters(rp)
-                    done, errors, samples = play(rp, streams, args.seconds, workload, args.load_procs, other_cores)
-                    wall, cpu = time.perf_counter() - t0, cpu_seconds(router.pid) - c0
-                    engines = [cpu_seconds(p.pid) - e for p, e in zip(procs[:2], e0, strict=True)]
-                    r1 = counters(rp)
-                    released = since(r0, r1, "release ")
-                    row = {"leg": name, "workload": workload, "streams": streams, "rep": rep, "requests": done,
-                           "errors": errors, "rps": round(done / wall, 1),
-                           "cpu_s_per_1000": round(cpu / done * 1000, 3) if done else None,
-                           "router_cpu_util": round(cpu / wall, 2), "load1": round(load, 2),
-                           "router_idle_util": round(idle, 4),
-                           # the simulated engines' CPU per 1000 requests: what sets req/s when the router has spare
-                           "prefill_cpu_s_per_1000": round(engines[0] / done * 1000, 3) if done else None,
-                           "decode_cpu_s_per_1000": round(engines[1] / done * 1000, 3) if done else None,
-                           "releases": released,
-                           # warm turns by the KV source the router chose, and why the decode alone was refused
-                           "sources": since(r0, r1, "source "), "refused": since(r0, r1, "refused ")}
-                    rows.append(row)
-                    print(f"{name:>3} {workload:>4} streams={streams:<5} rep {rep}: {row['rps']:>7} req/s  "
-                          f"errors {errors:<4} router CPU {row['cpu_s_per_1000']} s/1000 req "
-                          f"({row['router_cpu_util']:.0%} of a core)  engines P {row['prefill_cpu_s_per_1000']} "
-                          f"D {row['decode_cpu_s_per_1000']}  releases {released or 0}  load {load:.1f}", flush=True)
-                    if row["sources"] or row["refused"]:
-                        print(f"      warm turns by source {row['sources']}  decode alone refused {row['refused']}",
-                              flush=True)
-                    for s in samples[:2]:
-                        print(f"      error: {s}", flush=True)
-                    if router.poll() is not None:
-                        sys.exit(f"the router exited with {router.returncode}; its log: {router_log}")
+                    turn = deployments if rep % 2 else deployments[::-1]
+                    rows += [d.measure(workload, streams, rep) for d in turn]
     finally:
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                spy.wait(timeout=30)
-        for p in reversed(procs):
-            stop_group(p)
+        for d in deployments:
+            d.stop()
     return rows
 
 
@@ -374,7 +405,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cores: int, pin
     by = {(r["leg"], r["workload"], r["streams"], r["rep"]): r for r in rows}
     legs = [g for g in ("on", "off") if any(r["leg"] == g for r in rows)]
     print(f"\nsimulated engines at zero delay (1 prefill + 1 decode, decode KV {args.decode_blocks} blocks), "
-          f"{args.reps} x {args.seconds:g} s per point on one deployment per leg; {cores} cores; router "
+          f"{args.reps} x {args.seconds:g} s per point on one deployment per leg (both up, legs taking turns within "
+          f"a repetition); {cores} cores; router "
           f"{'pinned to its own core' if pinned else 'not pinned (one core)'}; max_tokens 8; streaming "
           "/v1/completions")
     print("| workload | streams | leg | req/s per repetition | vs first | errors | router CPU s / 1000 req |")
@@ -443,10 +475,7 @@ def main() -> None:
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"router-cpu-bench-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     print(f"logs: {logs}", flush=True)
-    rows: list[dict[str, Any]] = []
-    for g in args.legs.split(","):
-        rows += leg(g, args, logs, router_cores, other_cores)
-    report(rows, args, len(cores), pinned)
+    report(run(args, logs, router_cores, other_cores), args, len(cores), pinned)
 
 
 if __name__ == "__main__":
