@@ -22,7 +22,7 @@ PKG = ROOT / "pdctl"
 # Modules that import no other pdctl module but leaves (`pdctl` itself: the package, for __version__).
 LEAVES = ("pdctl", "pdctl.errors", "pdctl.secret", "pdctl.kv_expiry", "pdctl.defaults", "pdctl.markers",
           "pdctl.topology.strings", "pdctl.topology.bounded_yaml", "pdctl.vllm_compat", "pdctl.vllm_compat.edits",
-          "pdctl.engine_metrics", "pdctl.examples")
+          "pdctl.engine_metrics", "pdctl.examples", "pdctl.fasthttp")
 # What the router may import from the rest of pdctl: it stands apart and talks HTTP.
 ROUTER_LEAVES = ("pdctl", "pdctl.errors", "pdctl.kv_expiry", "pdctl.secret", "pdctl.defaults", "pdctl.prefix_check",
                  "pdctl.fasthttp")
