@@ -36,6 +36,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -412,6 +413,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cores: int, pin
     print("| workload | streams | leg | req/s per repetition | vs first | errors | router CPU s / 1000 req |")
     print("|---|---|---|---|---|---|---|")
     fails: list[str] = []
+    every: list[float] = []  # each repetition's ON/OFF
     for workload in args.workloads.split(","):
         for streams in (int(s) for s in args.streams.split(",")):
             for g in legs:
@@ -436,9 +438,18 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, cores: int, pin
                     on, off = by.get(("on", workload, streams, k)), by.get(("off", workload, streams, k))
                     if on and off and off["rps"]:
                         ratios.append(on["rps"] / off["rps"])
+                every += ratios
                 print(f"| {workload} | {streams} | ON/OFF | {' / '.join(f'{x:.2f}x' for x in ratios)} | | | |")
                 if any(x < 0.95 for x in ratios):
                     fails.append(f"{workload} {streams}: ON < 0.95x OFF in a repetition")
+    if every:  # whether ON is lower as a rule or only in some samples, and what each leg's engines cost
+        engines = {g: [(r["prefill_cpu_s_per_1000"], r["decode_cpu_s_per_1000"]) for r in rows
+                       if r["leg"] == g and r["prefill_cpu_s_per_1000"] is not None] for g in legs}
+        cost = "; ".join(f"{g.upper()} {statistics.median(p for p, _ in v):.2f} / "
+                         f"{statistics.median(d for _, d in v):.2f}" for g, v in engines.items() if v)
+        print(f"\nON/OFF over all {len(every)} repetitions: median {statistics.median(every):.2f}x, "
+              f"{min(every):.2f}-{max(every):.2f}x; the engines' CPU per request, prefill / decode ms (medians): "
+              f"{cost}")
     print("\ncriteria (ON >= 0.95x OFF, no repetition > 10% below the first, 0 errors, router CPU <= "
           f"{CPU_TARGET_S} s / 1000): " + ("all met" if not fails else "NOT met:\n  " + "\n  ".join(fails)))
     if args.json:
