@@ -14,6 +14,7 @@ once ("interrupt received: finishing <step>") and counted, never raised. Main th
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -92,13 +93,26 @@ class Interrupts:
         if self._step is None:
             self._step = self._then
             if self._said:
-                self.say(self._said)
+                self._say(self._said)
             if self._cancel is not None:
                 self._cancel()
                 return
             raise KeyboardInterrupt
         step = self._step() if callable(self._step) else self._step
-        self.say(f"interrupt received: finishing {step}")
+        self._say(f"interrupt received: finishing {step}")
+
+    def _say(self, text: str) -> None:
+        """Say `text` from the signal handler. The handler runs between two bytecodes of the main thread, which may be
+        inside a write to the same stream: Python's buffered writer refuses that reentrant call (RuntimeError), which
+        would end the command with an internal error at the moment it must finish its steps. Then the line goes
+        straight to the terminal's file descriptor (stderr), beside whatever the interrupted write was printing."""
+        try:
+            self.say(text)
+        except RuntimeError as exc:
+            if "reentrant call" not in str(exc):
+                raise
+            with suppress(OSError):
+                os.write(2, f"{text}\n".encode())
 
     def _tell_previous(self, signum: int, frame: FrameType | None) -> None:
         """The handler this one replaced also hears of the Ctrl-C (the CLI's records it, to end the process at once
