@@ -166,10 +166,9 @@ class SideChannel:
     def __init__(self, base: str, metrics: SimMetrics) -> None:
         self.base = base
         self.metrics = metrics
-        limits = httpx.Limits(max_connections=SIDE_CHANNEL_IN_FLIGHT,
-                              max_keepalive_connections=SIDE_CHANNEL_IN_FLIGHT)
-        self.client = httpx.AsyncClient(base_url=base, limits=limits,
-                                        transport=FastTransport(max_idle=SIDE_CHANNEL_IN_FLIGHT))
+        # httpx applies `limits` only to its own transport: the semaphore bounds what is in flight, and so the
+        # connections FastTransport opens; it keeps as many idle.
+        self.client = httpx.AsyncClient(base_url=base, transport=FastTransport(max_idle=SIDE_CHANNEL_IN_FLIGHT))
         self.slots = asyncio.Semaphore(SIDE_CHANNEL_IN_FLIGHT)
         self.pending: list[str] = []
         self.flusher: asyncio.Task[None] | None = None
