@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 from prometheus_client.metrics import MetricWrapperBase
 
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -32,6 +32,7 @@ class SimMetrics:
         labels = ["model_name", "engine"]
         r = self.registry
         ProcessCollector(registry=r)  # process_cpu_seconds_total, as vLLM's /metrics has: the bench warns near 1 core
+        GCCollector(registry=r)  # python_gc_collections_total by generation, as vLLM's /metrics has
         self._values = {"model_name": model_name, "engine": "0"}
         self._children: dict[int, MetricWrapperBase] = {}  # lab(): each metric's child for _values, by id
         self.running = Gauge("vllm:num_requests_running", "Requests running.", labels, registry=r)
@@ -113,6 +114,8 @@ class SimMetrics:
                                        "(each carries a batch of request ids).", labels, registry=r)
         self.notify_ids = Counter("pdctl_sim_side_channel_notified_ids", "Request ids sent in notify requests.",
                                   labels, registry=r)
+        self.gc_frozen = Gauge("pdctl_sim_gc_frozen_objects", "Objects of the startup heap (the KV blocks) frozen "
+                               "out of the garbage collector's scans, as vLLM freezes its own.", registry=r)
         self._peak = 0
         self._in_flight = 0
         self._in_flight_peak = 0

@@ -20,7 +20,7 @@ from pdctl.sim.blocks import BlockPool
 from pdctl.sim.kv import KVStore
 from pdctl.sim.metrics import TransferStats
 from tests.sim.helpers import MISS, as_hit, two_hop, wait_until
-from tests.support.sim_procs import SERVED, SimProc, sim_pair
+from tests.support.sim_procs import SERVED, SimProc, sim_pair, sim_process
 
 RETAINED = "pdctl_sim_kv_retained_requests"
 RETAINED_BLOCKS = "pdctl_sim_kv_retained_blocks"
@@ -235,3 +235,13 @@ def test_notify_accepts_one_id_or_a_batch_and_refuses_a_bad_body(tmp_path: Path)
         bad = httpx.post(side, json={"request_ids": "x"}, timeout=10)
         assert bad.status_code == 400 and "request_ids must be a list" in bad.json()["error"]
         assert pair.decode.metric(RETAINED) == 0 and freed(pair.decode, "released") == 3
+
+
+def test_the_kv_blocks_are_frozen_out_of_the_garbage_collectors_scans(tmp_path: Path) -> None:
+    # vLLM freezes its startup heap once the engine is built; the simulator's startup heap is one Block per KV block,
+    # which an oldest-generation collection would otherwise walk with the event loop stopped.
+    blocks = 300_000
+    with sim_process(tmp_path, "decode", num_blocks=blocks) as sim:
+        assert sim.metric("pdctl_sim_gc_frozen_objects") >= blocks
+        text = httpx.get(f"{sim.url}/metrics", timeout=10).text
+        assert re.search(r'^python_gc_collections_total\{generation="2"\} \d', text, re.M)
