@@ -376,8 +376,8 @@ def freeze_startup_heap() -> int:
     API server's lifespan in vllm/entrypoints/openai/api_server.py): collect, then mark what is left as static so
     the garbage collector never scans it again. Here that is every KV block's Block, two million with a large
     --num-gpu-blocks: an oldest-generation collection walked them all (0.2-0.45 s with the event loop stopped,
-    one every few thousand requests under load), a pause every stream on the engine felt. Returns how many objects
-    are frozen."""
+    about one per 10,000 requests under load in the router CPU bench), a pause every stream on the engine felt.
+    Returns how many objects are frozen."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
