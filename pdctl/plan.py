@@ -345,6 +345,9 @@ def _router(topo: Topology, engines: list[ProcessSpec], self_python: str, at: Pl
         argv += ["--itl-slo-ms", f"{itl_slo_ms:g}"]
     if r.local_prefill_tokens and r.local_stall_ratio != LOCAL_STALL_RATIO:
         argv += ["--local-stall-ratio", f"{r.local_stall_ratio:g}"]
+    budget = decode_batch_tokens(topo)
+    if r.local_prefill_tokens and budget:
+        argv += ["--decode-batch-tokens", str(budget)]
     if not r.release:
         argv.append("--no-release")
     elif r.pin_budget_tokens != PIN_BUDGET_TOKENS:
@@ -368,6 +371,13 @@ def router_itl_slo_ms(topo: Topology) -> float:
     local prefill's stall and the ITL the bench measures use one clock (speed inf: no delays, nothing to scale)."""
     speed = topo.sim.speed if topo.engine == "sim" else 1.0
     return topo.router.itl_slo_ms / speed if math.isfinite(speed) else topo.router.itl_slo_ms
+
+
+def decode_batch_tokens(topo: Topology) -> int:
+    """The decodes' smallest max_num_batched_tokens where every decode sets one (the router's
+    --decode-batch-tokens: how a local turn's prompt is chunked); 0 where one takes the engine's default."""
+    budgets = [topo.model_for(d).max_num_batched_tokens for d in topo.decode]
+    return min(b for b in budgets if b is not None) if budgets and None not in budgets else 0
 
 
 def _tracing(topo: Topology) -> list[str]:

@@ -103,8 +103,8 @@ class RouterConfig:
         "Which of those turns run on the decode: always; load (while the decode has fewer than "
         "--local-busy-streams requests in flight, or the prefill has at least as many as the decode); work "
         "(while its prompt tokens in flight are at most the prefill's plus the hop's cost); or cost (the source "
-        "with the least predicted time to first token plus stall to the decode's other streams, from rates the "
-        "router measures, never one whose step would break --itl-slo-ms; load until the rates are measured).",
+        "with the least predicted time to first token, from rates the router measures, never one whose step would "
+        "break --itl-slo-ms or --local-stall-ratio; load until the rates are measured).",
     )
     local_busy_streams: int = knob(
         LOCAL_BUSY_STREAMS, "--local-policy load: requests in flight from which a decode counts as busy."
@@ -117,10 +117,16 @@ class RouterConfig:
     local_stall_ratio: float = knob(
         LOCAL_STALL_RATIO,
         "--local-policy cost: the most a warm turn on its decode alone may lengthen the step of that decode's other "
-        "streams, against the step they see anyway (a turn through a prefill stalls them not at all); beside other "
-        "streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone (more warm turns "
-        "local: lower TTFT, longer gaps for the other streams; docs/router.md): a busy decode's local costs are "
+        "streams, against the largest gap they see anyway (a turn through a prefill stalls them not at all); beside "
+        "other streams, unmeasured rates send it through a prefill. 0: no such bound, --itl-slo-ms alone (more warm "
+        "turns local: lower TTFT, longer gaps for the other streams; docs/router.md): a busy decode's local costs are "
         "measured by probes, and the least TTFT within that budget is chosen.",
+    )
+    decode_batch_tokens: int = knob(
+        0,
+        "--local-policy cost: the most tokens a decode's step computes (its max_num_batched_tokens; pdctl up "
+        "passes the decodes' smallest). A local turn's prompt is computed in chunks of that less a token per "
+        "stream, each a bounded stall in the other streams' step. 0: not known (a whole prompt in one step).",
     )
     api_key: str | None = field(default=None, repr=False)
     """The key clients must send; given as --api-key-env, never in argv."""
@@ -264,6 +270,8 @@ class RouterConfig:
             problems.append(f"--itl-slo-ms must be > 0, got {self.itl_slo_ms:g}")
         if not self.local_stall_ratio >= 0:
             problems.append(f"--local-stall-ratio must be >= 0 (0: no stall bound), got {self.local_stall_ratio:g}")
+        if self.decode_batch_tokens < 0:
+            problems.append(f"--decode-batch-tokens must be >= 0 (0: not known), got {self.decode_batch_tokens}")
         if self.local_busy_streams < 1:
             problems.append(f"--local-busy-streams must be >= 1, got {self.local_busy_streams}")
         for name in ("max_inflight_per_instance", "max_queue", "max_header_bytes", "max_headers"):

@@ -65,8 +65,8 @@ class Router(Strict):
         description="Which of those turns run on the decode: always; load (only while the decode has fewer "
         "than local_busy_streams requests in flight, or when the prefill has as many); work (while the prompt "
         "tokens in flight on the decode are at most the prefill's plus the hop's cost, else through the prefill); "
-        "or cost (the default: the source with the least predicted time to first token plus stall to the decode's "
-        "other streams, from rates the router measures, never one that breaks itl_slo_ms; as load until measured).",
+        "or cost (the default: the source with the least predicted time to first token, from rates the router "
+        "measures, never one that breaks itl_slo_ms or local_stall_ratio; as load until measured).",
     )
     local_busy_streams: int = Field(
         LOCAL_BUSY_STREAMS, ge=1, description="local_policy load: a decode with this many requests in flight is busy."
@@ -83,11 +83,13 @@ class Router(Strict):
         LOCAL_STALL_RATIO,
         ge=0,
         description="local_policy cost: the most a warm turn on its decode alone may lengthen the step of that "
-        "decode's other streams, against the step they see anyway (default 1.2: their ITL stays near ON via "
-        "prefill's; until the decode's rates are measured a turn beside other streams goes through a prefill unless "
-        "its stall, priced at twice the prefill's compute, keeps the step within the ratio: a probe). "
+        "decode's other streams, against the largest gap they see anyway (default 1.2: their worst gaps stay near "
+        "ON via prefill's). A decode whose max_num_batched_tokens is set computes the turn in chunks of it, each a "
+        "bounded stall (docs/router.md). Until the decode's rates are measured a turn beside other streams goes "
+        "through a prefill unless its stall a step, priced at the prefill's compute, keeps the step within the "
+        "bounds: a probe. "
         "0: no such bound, itl_slo_ms alone: a busy decode's local costs are measured by probes (one local turn "
-        "at a time, priced at twice the prefill's compute) and the least TTFT within that budget is chosen. On one "
+        "at a time) and the least TTFT within that budget is chosen. On one "
         "real H100 under eviction, warm TTFT p90 102-111 ms against OFF's 484-489 at 9 agent sessions, ITL p99 "
         "68-72 ms (an 8B model); on simulated engines modelled on a 32B model it broke the ITL SLO at 12 sessions "
         "(docs/results/h100-1gpu-evict, docs/router.md).",

@@ -177,6 +177,25 @@ def test_local_stall_ratio_reaches_the_router_only_where_it_differs_from_its_def
         load(ROOT / "configs/local-sim.yaml", ["router.local_stall_ratio=-0.5"])
 
 
+def test_the_decodes_token_budget_reaches_the_router_where_every_decode_sets_one() -> None:
+    # The router chunks a local turn's prompt by it (cost.Turn.steps); where a decode takes the engine's default
+    # (8192 or 2048 by GPU) the router is told nothing and prices a whole prompt in one step.
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml"), SELF_PYTHON)
+    assert "--decode-batch-tokens" not in router.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["model.max_num_batched_tokens=1024"]), SELF_PYTHON)
+    assert router.argv[router.argv.index("--decode-batch-tokens") + 1] == "1024"
+    # The decode alone, as configs/h200-1gpu-evict.yaml sets it.
+    decode, prefill, router = plan(load(ROOT / "configs/local-sim.yaml", ["decode.0.model.max_num_batched_tokens=384"]),
+                                   SELF_PYTHON)
+    assert (decode.role, prefill.role) == ("decode", "prefill")
+    assert router.argv[router.argv.index("--decode-batch-tokens") + 1] == "384"
+    assert decode.argv[decode.argv.index("--max-num-batched-tokens") + 1] == "384"
+    assert "--max-num-batched-tokens" not in prefill.argv
+    _, _, router = plan(load(ROOT / "configs/local-sim.yaml", ["model.max_num_batched_tokens=1024",
+                                                                "router.local_prefill_tokens=0"]), SELF_PYTHON)
+    assert "--decode-batch-tokens" not in router.argv  # nothing runs on a decode alone: nothing to chunk
+
+
 def test_the_itl_budget_is_given_to_the_router_on_its_own_clock() -> None:
     # itl_slo_ms is modelled time on simulated engines; the router times their steps in wall time, `speed` times
     # shorter: the ITL it checks a local prefill against is the SLO / speed, as the bench's ITL is wall x speed.

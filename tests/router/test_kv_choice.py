@@ -140,6 +140,43 @@ def test_a_busy_decode_refuses_a_local_turn_whose_stall_outgrows_its_streams_ste
         assert corrupt(pd.prefill, pd.decode) == 0
 
 
+def test_a_decode_that_chunks_its_prompts_runs_a_long_turn_beside_a_stream_in_bounded_steps(tmp_path: Path) -> None:
+    # A 1200-token turn beside another stream, on a decode whose steps compute at most 64 tokens, the prefill 5 s
+    # late a request, --local-stall-ratio 2. A router told the decode's budget prices each step's chunk (a few ms on
+    # a step of several) within the bound: the decode alone, chosen by the model. A router not told prices the
+    # whole prompt in one step (20-odd ms more): refused for its stall. Same engines, same turn.
+    with (
+        sim_pair(tmp_path, speed=5, threshold=0, decode_args=["--max-num-batched-tokens", "64"],
+                 prefill_args=["--extra-latency-ms", "5000"]) as pd,
+    ):
+        for told, expected in ((["--decode-batch-tokens", "64"], ("decode_cache", "model", None)),
+                               ([], ("decode_read", "model", "stall"))):
+            with router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
+                                "--local-policy", "cost", "--itl-slo-ms", "100000", "--local-stall-ratio", "2",
+                                *told) as r:
+                convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
+                for c in convs:
+                    assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+                for i in range(10):  # the decode idle: local turns, until every rate the model needs counts
+                    if _choice(r)["basis"]["model"]:
+                        break
+                    assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
+                assert _choice(r)["basis"]["model"], f"the model never chose: {_choice(r)}"
+                decode = _choice(r)["rates"]["engines"][pd.decode_url]
+                assert decode["step_ms"] and decode["gap_ms"], decode  # its streams' step and largest gap
+
+                other = Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=300)
+                streaming = threading.Thread(target=other.turn, args=(f"{uuid.uuid4().hex} other",))
+                streaming.start()
+                _until(lambda r=r: r.stats()["decode"][0]["outstanding"] >= 1, "the other stream never started")
+                busy = convs[1].turn(" ".join(f"u{i}" for i in range(1200)))
+                streaming.join()
+                said = KvChoice.parse(busy.headers.get("x-pd-kv-choice"))
+                assert said is not None and (said.source, said.basis, said.refused) == expected, (said, _choice(r))
+                assert busy.status == 200 and busy.text and busy.outcome == "hit", busy.reuse
+        assert corrupt(pd.prefill, pd.decode) == 0
+
+
 def test_a_read_slower_than_recompute_is_recomputed(tmp_path: Path) -> None:
     # Every D->P read on this prefill waits 300 ms: slower than computing a short history.
     with (

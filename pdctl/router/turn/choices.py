@@ -14,7 +14,8 @@ gives the rates (rates.py), and each choice with its predicted and measured cost
                                                          costs not yet measured, other streams on it)
     pdctl_router_kv_choice_ttft_seconds{source,kind}    the chosen source's TTFT, kind predicted or measured
     pdctl_router_kv_choice_error_seconds                |measured - predicted| TTFT of the model's choices
-    pdctl_router_rate{kind,engine,bucket}               the rates the model predicts with (tokens/s; step_ms: ms)
+    pdctl_router_rate{kind,engine,bucket}               the rates the model predicts with (tokens/s; step_ms,
+                                                         gap_ms: ms)
 
 /stats `kv_choice` (pdctl.router.documents.KvChoiceStats) holds the mix, the refusals, a summary of the prediction
 error over the last ERROR_WINDOW model-chosen turns, and the rates.
@@ -33,7 +34,7 @@ from pdctl.defaults import LOCAL_STALL_RATIO
 from pdctl.router.documents import KvChoiceStats
 from pdctl.router.lean_metrics import Counter, Histogram
 from pdctl.router.reasons import D_TO_P, DECODE_CACHE, DECODE_READ, P_TO_D, READ_NOT_WORTH, RECOMPUTED
-from pdctl.router.turn.cost import Choice, Speeds, Turn, choose, through_prefill
+from pdctl.router.turn.cost import Choice, Speeds, Turn, choose, chunk_of, through_prefill
 from pdctl.router.turn.rates import Rates
 from pdctl.router.turn.verify import Verdict, miss
 from pdctl.router.upstream.pools import Upstream
@@ -47,7 +48,7 @@ REFUSALS = ("itl", "stall", "slower", "cap", "unmeasured")
 
 
 def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: int, streams: int) -> Speeds:
-    """The rates for a turn at `context` tokens on this pair, the decode's step at `streams` + 1 (O(1))."""
+    """The rates for a turn at `context` tokens on this pair, the decode's step and gap at `streams` + 1 (O(1))."""
     now = rates.clock()
     p = rates.engine(prefill.url, prefill.generation).compute_line(context, now)
     if decode is None:
@@ -55,14 +56,15 @@ def speeds(rates: Rates, decode: Upstream | None, prefill: Upstream, context: in
     d = rates.engine(decode.url, decode.generation)
     return Speeds(p, d.compute_line(context, now), rates.pair_line(D_TO_P, decode.url, prefill.url),
                   rates.pair_line(P_TO_D, prefill.url, decode.url), d.step_ms(streams + 1, now),
-                  rates.bias("prefill"), rates.bias("local"))
+                  d.gap_ms(streams + 1, now), rates.bias("prefill"), rates.bias("local"))
 
 
 def local(rates: Rates, decode: Upstream, prefill: Upstream, held: int, missing: int, floor: int, slo_ms: float,
-          cap: int, stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
-    """The model's choice for a warm turn that could run on `decode` alone."""
+          cap: int, stall_ratio: float = LOCAL_STALL_RATIO, budget: int = 0) -> Choice:
+    """The model's choice for a warm turn that could run on `decode` alone, whose steps compute at most `budget`
+    tokens (0: not known)."""
     streams = decode.outstanding
-    turn = Turn(held, missing, streams, decode.work, prefill.work)
+    turn = Turn(held, missing, streams, decode.work, prefill.work, chunk_of(budget, streams))
     return choose(turn, speeds(rates, decode, prefill, held + missing, streams), floor, slo_ms, cap, stall_ratio)
 
 
@@ -118,7 +120,8 @@ class Choices:
         self.error = Histogram("pdctl_router_kv_choice_error_seconds", "|measured - predicted| time to first "
                                "token of the turns the cost model chose.", buckets=_S_BUCKETS, registry=r)
         self.rate = Gauge("pdctl_router_rate", "The rates the cost model predicts with: compute (tokens/s by "
-                          "context bucket), step_ms (ms per decode step by streams in flight), d_to_p and p_to_d "
+                          "context bucket), step_ms (ms per decode step by streams in flight), gap_ms (a "
+                          "stream's largest gap between two chunks, by streams in flight), d_to_p and p_to_d "
                           "(tokens/s per engine pair, engine \"<from> <to>\").", ["kind", "engine", "bucket"],
                           registry=r)
         self._chosen = {(s, b): self.chosen.labels(s, b) for s in CHOSEN for b in BASES}

@@ -4,21 +4,27 @@ KV source of a warm turn").
 For a warm turn whose decode holds `held` tokens of the prompt and lacks `missing`, from the costs the router
 measures (rates.py: each a line, fixed ms + ms a token) and the load it has in flight on each engine:
 
-    decode_cache  the decode alone: TTFT = local(its queued prompt tokens + missing) + a step. Its prefill is a
-                  stall of missing x the local ms a token in every other stream on that decode, whose step (their
-                  ITL) becomes step + that stall + the prompts already queued there: refused ("itl") when that is
-                  over ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest gap; the prediction is a
-                  mean), and ("stall") when it is over LOCAL_STALL_RATIO x the step those streams see anyway: a
-                  turn through the prefill costs them no stall, so a local one may cost them little more than that
+    decode_cache  the decode alone: its prompt (and the local prompts queued there before it) is computed in
+                  chunks of the decode's token budget per step less a token for each of its streams
+                  (router.decode_batch_tokens, the decode's max_num_batched_tokens; unset: all in one step), so
+                  TTFT = local(queued + missing) + a step per chunk. Each chunk is a stall of chunk x the local ms
+                  a token in the step of every other stream on that decode, whose gap becomes step + that stall:
+                  refused ("itl") when that is over ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest
+                  gap; the prediction is a mean), and ("stall") when it is over router.local_stall_ratio x the
+                  largest gap those streams see anyway (rates.py `gap`; the step while that is not measured): a
+                  turn through the prefill stalls them not at all, so a local one may make their worst gap little
+                  worse than it is
     decode_read   through the prefill, which reads `held` from the decode (D->P): TTFT = prefill(its queued tokens
                   + missing) + read(held) + pull(held + missing) (P->D) + a step; no stall for the decode's streams
     recomputed    the same, computing `held` at the prefill instead of reading it
     prefill_cache the prefill's own prefix cache: the router cannot see it, the prefill can, and takes it whenever
                   it holds the history (pdctl.prefix_check); the prediction assumes it does not
 
-It picks the least TTFT plus stall to the other streams (their count x the stall) among the sources within the
-ITL budget, each way's TTFT scaled by how its recent turns measured against their predictions (Speeds.via_bias,
-local_bias: the prefill's own cache, which the router cannot see, makes the way through it cheaper than predicted).
+It picks the least TTFT among the sources within those bounds, each way's TTFT scaled by how its recent turns
+measured against their predictions (Speeds.via_bias, local_bias: the prefill's own cache, which the router cannot
+see, makes the way through it cheaper than predicted). The other streams' stall is bounded per step, not priced
+against the turn's own time: on a GPU the prefill shares, a turn through the prefill takes the same GPU time from
+them (docs/router.md, "The KV source of a warm turn").
 Between a read and a recompute the choice is the read's break-even (`min_read`): the fewest tokens beyond the
 prefill's own cache worth reading, given to the prefill with the handle: a link no faster a token than the
 prefill's compute never reads; else from the read's fixed cost over what it saves a token. Reads seen at one size
@@ -33,13 +39,13 @@ model (`basis` "default"); beside other streams it goes through the prefill (ref
 unknown cost is not put in a busy decode's batch, whose stall every stream there pays.
 
 A decode that is never idle still gets its local costs measured, by probes (`basis` "probe"): a turn runs there
-beside other streams when no other local prompt is queued on it and its stall, priced at PROBE_MARGIN x the prefill's
-measured compute (both engines run the same model), keeps the step within the ITL budget and within
-router.local_stall_ratio x the step (so with the default ratio only turns lacking a handful of tokens probe).
+beside other streams when no other local prompt is queued on it and its stall per step, priced at PROBE_MARGIN x
+the prefill's measured compute for one chunk (both engines run the same model), keeps the step within the ITL
+budget and, where the decode's budget is not known (a whole prompt in one step), within router.local_stall_ratio x
+the largest gap: there only turns lacking a handful of tokens probe. Where it is known a probe's real stall is one
+chunk a step, and probes stop once the costs they measure count (MIN_SAMPLES, until STALE_S).
 With ratio 0 (the ITL budget alone) a turn lacking at most SAFE_LOCAL_TOKENS probes even before the prefill's rate
-is measured. Once measured, with ratio 0 the model chooses by TTFT alone within
-the ITL budget: the other streams' stall is bounded by the budget, not priced against the turn's own time (with a
-ratio > 0 it is priced: the least TTFT plus stall).
+is measured.
 A wrong estimate costs time, never correctness: every source serves the same verified KV.
 """
 
@@ -58,28 +64,53 @@ NEVER_READ = 1 << 30  # a break-even no history reaches: the link is no faster t
 # with the context each token attends to, and the host adds its own jitter. Planned to the whole budget, the
 # largest gaps came out at 0.9-1.2x it (simulated 1P1D eviction, 3-8 sessions); a quarter kept back covers that.
 ITL_HEADROOM = 0.75
-# LOCAL_STALL_RATIO (router.local_stall_ratio's default): the most a local turn may lengthen the step of the
-# decode's other streams, against the step they see anyway (their ordinary gap): a turn through the prefill stalls
-# them not at all (its KV arrives beside their steps), so ON default keeps their ITL within this much of ON via
-# prefill's. Planned to the ITL budget alone, single local turns of 1-2k tokens set each run's largest gap at
-# 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions).
-# In practice: local beside other streams only for a handful of tokens; on a decode with no other stream, any.
-# A probe's stall, before the decode's own compute is measured, is priced at this many times the prefill's: the
-# decode computes the same model's prompt, but in a batch beside its streams' steps.
-PROBE_MARGIN = 2.0
+# LOCAL_STALL_RATIO (router.local_stall_ratio's default): the most a local turn's chunk may lengthen the step of
+# the decode's other streams, against the largest gap they see anyway: a turn through the prefill stalls them not
+# at all (its KV arrives beside their steps), so ON default keeps their worst gap within this much of ON via
+# prefill's. Planned to the ITL budget alone, single local turns of 1-2k tokens in one step set each run's largest
+# gap at 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions); chunked by the decode's token budget
+# each step carries a bounded part of them.
+# A probe's stall, before the decode's own compute is measured, is priced at this many times the prefill's per
+# token. Measured, the decode computes a local prompt no slower a token than the prefill (the same step model in
+# the simulator; on one H100 shared by both, 51-60k tokens/s on the decode against 21-50k on the prefill:
+# docs/results/h100-1gpu-evict), so the prefill's own rate is a safe price.
+PROBE_MARGIN = 1.0
 Basis = Literal["model", "default", "probe"]
 
 
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One warm turn as the model sees it: what its decode holds and lacks, and what is in flight where it could
-    run (requests on the decode besides it; prompt tokens queued on the decode and on the prefill)."""
+    run (requests on the decode besides it; prompt tokens queued on the decode and on the prefill); `chunk`: the
+    prompt tokens one decode step computes beside those streams (0: a whole prompt in one step)."""
 
     held: int
     missing: int
     streams: int
     decode_queued: int
     prefill_queued: int
+    chunk: int = 0
+
+    @property
+    def local_tokens(self) -> int:
+        """The prompt tokens the decode computes before this turn's first token: those queued there, and its own."""
+        return self.decode_queued + self.missing
+
+    @property
+    def per_step(self) -> int:
+        """The most of them one step computes."""
+        return self.local_tokens if self.chunk <= 0 else min(self.local_tokens, self.chunk)
+
+    @property
+    def steps(self) -> int:
+        """The steps that compute them (a turn lacking nothing still takes one)."""
+        return max(1, -(-self.local_tokens // self.per_step)) if self.per_step > 0 else 1
+
+
+def chunk_of(budget: int, streams: int) -> int:
+    """The prompt tokens a decode step computes beside `streams` decoding streams within a token budget of
+    `budget` (vLLM schedules running decodes first, a token each); 0: no budget known (the whole prompt at once)."""
+    return max(budget - streams, 1) if budget > 0 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +124,7 @@ class Speeds:
     read: Line | None
     pull: Line | None
     step_ms: float | None
+    gap_ms: float | None = None  # the largest gap the decode's streams see with no local prompt (None: unmeasured)
     # What the turns each way measured against what the model predicted (measured / predicted TTFT, recent turns;
     # 1: not yet measured). The way through a prefill is charged a read of the whole history the decode holds; the
     # prefill's own cache, which the router cannot see, often holds most of it: such turns come in at a third of
@@ -158,33 +190,38 @@ def _prefill_ttft(t: Turn, s: Speeds, floor: int, source: str) -> float | None:
 def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
            stall_ratio: float = LOCAL_STALL_RATIO) -> Choice:
     """The cheapest source within the ITL budget, the decode alone among them when it lacks at most `local_cap`
-    tokens and, beside other streams, lengthens their step at most `stall_ratio` times (0: no such bound, the ITL
-    budget alone). basis "default" (a cost it needs not measured): the caller places the turn as before the
-    model."""
+    tokens and, beside other streams, lengthens their step to at most `stall_ratio` times the largest gap they see
+    anyway (0: no such bound, the ITL budget alone). basis "default" (a cost it needs not measured): the caller
+    places the turn as before the model."""
     via = through_prefill(t, s, floor)
     if t.missing > local_cap:
         return _refused(via, "cap")
     if s.local is None or via.ttft_ms is None or s.step_ms is None:
         return unmeasured(t, via, stall_ratio, s, itl_slo_ms)
-    # A local turn's own TTFT is about the step that computes its prompt: where those came in slower than
+    # A local turn's own TTFT is about the steps that compute its prompt: where those came in slower than
     # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
     per_token = s.local.per_token_ms * max(1.0, s.local_bias)
-    stall = t.missing * per_token
-    step = s.step_ms
-    # The prompts already queued on the decode (other local turns before their first token) share those steps.
-    stalled = step + stall + t.decode_queued * per_token
-    if t.streams > 0 and stalled > ITL_HEADROOM * itl_slo_ms:
-        return _refused(via, "itl")
-    if t.streams > 0 and stall_ratio > 0 and stalled > stall_ratio * step:
-        return _refused(via, "stall")
-    local_ttft = s.local.ms(t.decode_queued + t.missing) + step
-    others = t.streams * stall
+    refused = _stalls(t, s, t.per_step * per_token, itl_slo_ms, stall_ratio)
+    if refused is not None:
+        return _refused(via, refused)
+    local_ttft = s.local.ms(t.local_tokens) + t.steps * s.step_ms
+    others = t.streams * t.missing * per_token
     # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
-    # Without a stall bound (ratio 0) the others' stall is the ITL budget's to bound, not a price of this turn.
-    priced = others if stall_ratio > 0 else 0.0
-    if local_ttft * s.local_bias + priced <= via.ttft_ms * s.via_bias:
+    if local_ttft * s.local_bias <= via.ttft_ms * s.via_bias:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)
     return _refused(via, "slower")
+
+
+def _stalls(t: Turn, s: Speeds, stall: float, itl_slo_ms: float, stall_ratio: float) -> str | None:
+    """Why a step lengthened by `stall` ms breaks the other streams' bounds ("itl", "stall"), or None."""
+    if t.streams == 0 or s.step_ms is None:
+        return None
+    stalled = s.step_ms + stall
+    if stalled > ITL_HEADROOM * itl_slo_ms:
+        return "itl"
+    if stall_ratio > 0 and stalled > stall_ratio * max(s.step_ms, s.gap_ms or 0.0):
+        return "stall"
+    return None
 
 
 def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO, s: Speeds | None = None,
@@ -204,19 +241,23 @@ def unmeasured(t: Turn, via: Choice, stall_ratio: float = LOCAL_STALL_RATIO, s: 
 
 
 def _probe(t: Turn, via: Choice, s: Speeds | None, itl_slo_ms: float, stall_ratio: float) -> Choice | None:
-    """The decode alone for a turn that measures its local costs, when its stall is safe to guess: priced at
-    PROBE_MARGIN x the prefill's compute, within the ITL budget and (stall_ratio > 0) within stall_ratio x the step
-    (the step and the prefill's rate measured); with stall_ratio 0 and those not measured, lacking at most
-    SAFE_LOCAL_TOKENS. None: through the prefill."""
+    """The decode alone for a turn that measures its local costs, when its stall is safe to guess: a step's chunk
+    priced at PROBE_MARGIN x the prefill's compute, within the ITL budget and, on a decode of unknown budget (a whole
+    prompt in one step), within stall_ratio x the largest gap (stall_ratio > 0; the step and the prefill's rate
+    measured); with stall_ratio 0 and those not measured, lacking at most SAFE_LOCAL_TOKENS. None: through the
+    prefill."""
     if s is None or s.prefill is None or s.step_ms is None:
         if stall_ratio <= 0 and t.missing <= SAFE_LOCAL_TOKENS:
             return Choice(DECODE_CACHE, None, 0.0, "probe", via.min_read)
         return None
-    stall = t.missing * s.prefill.per_token_ms * PROBE_MARGIN
-    stalled = s.step_ms + stall
-    if stalled > ITL_HEADROOM * itl_slo_ms or (stall_ratio > 0 and stalled > stall_ratio * s.step_ms):
+    per_token = s.prefill.per_token_ms * PROBE_MARGIN
+    # On a decode whose budget is known the price guards the ITL budget alone: its real stall a step is one chunk,
+    # and it comes at most MIN_SAMPLES times a STALE_S, until the local costs it measures price the turns after it.
+    bound = stall_ratio if t.chunk <= 0 else 0.0
+    if _stalls(t, s, t.per_step * per_token, itl_slo_ms, bound) is not None:
         return None
-    return Choice(DECODE_CACHE, stalled, t.streams * stall, "probe", via.min_read)
+    ttft = t.local_tokens * per_token + t.steps * s.step_ms
+    return Choice(DECODE_CACHE, ttft, t.streams * t.missing * per_token, "probe", via.min_read)
 
 
 def _refused(via: Choice, why: str) -> Choice:

@@ -239,11 +239,16 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                 if last:
                     await send({"type": "http.response.body", "body": last, "more_body": True})
                 last = b""
+                prev, gap = ctx.first_byte, 0.0
                 async for chunk in chunks:
                     if gone.done():  # the client left: closing the response makes the decode abort the request
                         capture.params = None
                         log.info("[%s] client disconnected; aborting the decode", rid)
                         return True
+                    now = time.perf_counter()
+                    if now - prev > gap and d.work == 0 and prev > d.work_done_at:
+                        gap = now - prev  # a gap no local prompt on this decode stalled: what its streams see anyway
+                    prev = now
                     out = sse.feed(chunk)
                     if sse.done:  # the decode's answer is whole: its stream may still take a while to close
                         last = out
@@ -251,7 +256,7 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                 last += sse.flush()
-                _stepped(state, d, ctx.first_byte, len(capture.output_ids))
+                _stepped(state, d, ctx.first_byte, len(capture.output_ids), gap)
             except httpx.HTTPError as exc:
                 slow = isinstance(exc, httpx.TimeoutException)
                 if not slow:
@@ -276,11 +281,13 @@ async def _stream(state: RouterState, ctx: RequestContext, d: Upstream, receive:
         await resp.aclose()
 
 
-def _stepped(state: RouterState, d: Upstream, first: float, tokens: int) -> None:
-    """A whole stream's inter-token latency as relayed, for the decode's step time at the streams it has in
-    flight (the cost model's; turn/rates.py)."""
+def _stepped(state: RouterState, d: Upstream, first: float, tokens: int, gap_s: float) -> None:
+    """A whole stream's inter-token latency as relayed, and its largest gap between two chunks that no local
+    prompt stalled (0: none such), for the decode's step and gap at the streams it has in flight (the cost
+    model's; turn/rates.py)."""
     if tokens >= 3:
-        state.rates.stepped(d.url, d.generation, d.outstanding, (time.perf_counter() - first) * 1000 / (tokens - 1))
+        state.rates.stepped(d.url, d.generation, d.outstanding, (time.perf_counter() - first) * 1000 / (tokens - 1),
+                            gap_s * 1000)
 
 
 async def _disconnected(receive: Receive) -> None:

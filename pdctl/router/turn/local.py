@@ -60,7 +60,7 @@ def decide(state: RouterState, ctx: RequestContext, h: Handle | None,
     policy = cfg.local_policy
     if policy == "cost" and prefill is not None:
         c = ctx.choice = choices.local(state.rates, holder, prefill, held, missing, cfg.min_read_tokens,
-                                       cfg.itl_slo_ms, limit, cfg.local_stall_ratio)
+                                       cfg.itl_slo_ms, limit, cfg.local_stall_ratio, cfg.decode_batch_tokens)
         if c.basis != "default":  # the model's choice, or a probe that measures the decode's local costs
             return Local(holder, held, missing) if c.source == DECODE_CACHE else None
         if c.refused is not None:

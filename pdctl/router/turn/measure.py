@@ -7,7 +7,8 @@ measured time to first token (choices.py). Called by the pipeline once per hop; 
                                     compute at the prefill's measured rate
     decode after a pull (streamed)  the P->D pull rate of the pair: the tokens offered over the decode's time to
                                     first byte less one step
-    local turn (streamed)           the decode's own compute rate, the same way
+    local turn (streamed)           the decode's own compute rate, the same way, less a step for each chunk of
+                                    its prompt (cost.Turn.steps)
 The decode's step time comes from the streams it relays (decode.py).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from pdctl.router.reasons import D_TO_P, P_TO_D
 from pdctl.router.turn.context import RequestContext
+from pdctl.router.turn.cost import Turn, chunk_of
 from pdctl.router.turn.state import RouterState
 from pdctl.router.upstream.pools import Upstream
 
@@ -26,13 +28,13 @@ def _first_s(ctx: RequestContext) -> float | None:
     return ctx.first_byte - ctx.started
 
 
-def _decode_s(state: RouterState, ctx: RequestContext, d: Upstream) -> float | None:
-    """The decode's time to first byte less one of its steps (streamed turns only)."""
+def _decode_s(state: RouterState, ctx: RequestContext, d: Upstream, steps: int = 1) -> float | None:
+    """The decode's time to first byte less `steps` of its steps (streamed turns only)."""
     if not ctx.first_byte or not ctx.decode_sent or not ctx.body.get("stream"):
         return None
     e = state.rates.engine(d.url, d.generation)
     step = e.step_ms(d.outstanding + 1, state.rates.clock()) or 0.0
-    return ctx.first_byte - ctx.decode_sent - step / 1000
+    return ctx.first_byte - ctx.decode_sent - steps * step / 1000
 
 
 def prefill_hop(state: RouterState, p: Upstream, holder: str, context: int, ahead: int, computed: int, read: int,
@@ -56,7 +58,8 @@ def pulled(state: RouterState, ctx: RequestContext, p: Upstream | None, d: Upstr
 
 
 def local_turn(state: RouterState, ctx: RequestContext, d: Upstream, context: int, ahead: int, missing: int) -> None:
-    t = _decode_s(state, ctx, d)
+    chunk = Turn(0, missing, d.outstanding, ahead, 0, chunk_of(state.config.decode_batch_tokens, d.outstanding))
+    t = _decode_s(state, ctx, d, chunk.steps)
     if t is not None:
         state.rates.computed(d.url, d.generation, context, ahead + missing, t)
 

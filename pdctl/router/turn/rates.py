@@ -15,6 +15,9 @@ wait for its completion), the per-token part the engine's or the link's speed.
               the prefill offered
     step      ms per output token of a decode's streams, by the streams in flight there (STREAM_BUCKETS): a
               relayed stream's (last - first byte) / (tokens - 1), its ITL as the router sees it
+    gap       the largest gap between two relayed chunks of a decode's stream, by the same buckets: what its
+              streams see at their worst anyway (on a GPU the prefill shares, 1.5-2x the step), which a local
+              turn's stall is bounded against (cost.py)
 
     bias      per way (local: the decode alone; prefill: through a prefill), the cost model's measured / predicted
               TTFT of the turns it chose that way (BIAS_RANGE bounds a sample)
@@ -134,6 +137,7 @@ class EngineRates:
     generation: int
     compute: list[Fit] = field(default_factory=lambda: [Fit() for _ in range(len(CONTEXT_BUCKETS) + 1)])
     step: list[Ewma] = field(default_factory=lambda: [Ewma() for _ in range(STREAM_BUCKETS)])
+    gap: list[Ewma] = field(default_factory=lambda: [Ewma() for _ in range(STREAM_BUCKETS)])
 
     def compute_line(self, context: int, now: float) -> Line | None:
         """Its compute cost at this context length: its own bucket's, else the nearest measured one's."""
@@ -152,16 +156,24 @@ class EngineRates:
     def step_ms(self, streams: int, now: float) -> float | None:
         """ms per step with `streams` in flight: its bucket, else the nearest measured one below it scaled up to
         nothing more (a step never gets shorter with more streams), else None."""
-        b = stream_bucket(streams)
-        for i in range(b, -1, -1):
-            v = self.step[i].get(now)
-            if v is not None:
-                return v
-        for i in range(b + 1, STREAM_BUCKETS):
-            v = self.step[i].get(now)
-            if v is not None:
-                return v
-        return None
+        return _by_streams(self.step, streams, now)
+
+    def gap_ms(self, streams: int, now: float) -> float | None:
+        """A stream's largest gap (ms) with `streams` in flight, found as step_ms finds the step."""
+        return _by_streams(self.gap, streams, now)
+
+
+def _by_streams(rates: list[Ewma], streams: int, now: float) -> float | None:
+    b = stream_bucket(streams)
+    for i in range(b, -1, -1):
+        v = rates[i].get(now)
+        if v is not None:
+            return v
+    for i in range(b + 1, STREAM_BUCKETS):
+        v = rates[i].get(now)
+        if v is not None:
+            return v
+    return None
 
 
 class Rates:
@@ -201,9 +213,13 @@ class Rates:
         if tokens >= MIN_TOKENS and seconds > 0:
             self.engine(url, generation).compute[context_bucket(context)].add(tokens, seconds * 1000, self.clock())
 
-    def stepped(self, url: str, generation: int, streams: int, ms: float) -> None:
+    def stepped(self, url: str, generation: int, streams: int, ms: float, gap_ms: float = 0.0) -> None:
+        """A relayed stream's mean ms per token and its largest gap between two chunks (0: not known)."""
         if ms > 0:
-            self.engine(url, generation).step[stream_bucket(streams)].add(ms, self.clock())
+            e, b, now = self.engine(url, generation), stream_bucket(streams), self.clock()
+            e.step[b].add(ms, now)
+            if gap_ms > 0:
+                e.gap[b].add(gap_ms, now)
 
     def moved(self, direction: str, src: str, dst: str, tokens: int, seconds: float) -> None:
         if tokens >= MIN_TOKENS and seconds > 0:
@@ -235,9 +251,11 @@ class Rates:
         for url, e in self._engines.items():
             lines = [(_context_label(i), v) for i, w in enumerate(e.compute) if (v := w.line(now)) is not None]
             step = {_stream_label(i): round(ms, 2) for i, w in enumerate(e.step) if (ms := w.get(now)) is not None}
+            gap = {_stream_label(i): round(ms, 2) for i, w in enumerate(e.gap) if (ms := w.get(now)) is not None}
             engines[url] = {"generation": e.generation,
                             "tokens_per_s": {b: round(v.tokens_per_s, 1) for b, v in lines},
-                            "fixed_ms": {b: round(v.fixed_ms, 2) for b, v in lines}, "step_ms": step}
+                            "fixed_ms": {b: round(v.fixed_ms, 2) for b, v in lines}, "step_ms": step,
+                            "gap_ms": gap}
         pairs = [{"direction": d, "from": s, "to": t, "tokens_per_s": round(v.tokens_per_s, 1),
                   "fixed_ms": round(v.fixed_ms, 2)}
                  for (d, s, t), w in self._pairs.items() if (v := w.line(now)) is not None]
@@ -252,6 +270,8 @@ class Rates:
             out += [("compute", url, _context_label(i), v.tokens_per_s) for i, w in enumerate(e.compute)
                     if (v := w.line(now)) is not None]
             out += [("step_ms", url, _stream_label(i), ms) for i, w in enumerate(e.step)
+                    if (ms := w.get(now)) is not None]
+            out += [("gap_ms", url, _stream_label(i), ms) for i, w in enumerate(e.gap)
                     if (ms := w.get(now)) is not None]
         out += [(d, f"{s} {t}", "", v.tokens_per_s) for (d, s, t), w in self._pairs.items()
                 if (v := w.line(now)) is not None]

@@ -3,6 +3,7 @@ there (`Upstream.work`), counted while a turn's prompt is computed. Placement (t
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from starlette.types import Message, Send
@@ -30,7 +31,9 @@ class Work:
         u.work += self.tokens
 
     def done(self) -> None:
-        self.u.work -= self.tokens
+        if self.tokens:
+            self.u.work -= self.tokens
+            self.u.work_done_at = time.perf_counter()
         self.tokens = 0
 
 

@@ -29,6 +29,7 @@ class Upstream:
     healthy: bool = True
     outstanding: int = 0
     work: int = 0  # prompt tokens of its in-flight requests not yet computed (router.placement's estimate)
+    work_done_at: float = 0.0  # time.perf_counter() when a prompt counted in `work` last finished (load.Work)
     failures: int = 0
     generation: int = 0
     engine_id: str | None = None
