@@ -22,7 +22,7 @@ cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
 sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
 benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone; c: off, on, on-itl;
-                                     # d: on-itl, off
+                                     # d: on-itl, off; e: off, on, on-384
 runs=${PDCTL_EVICT_RUNS:-2}          # plays per session count (1 when the device time allows no more)
 common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200
         --runs "$runs")
@@ -37,6 +37,11 @@ legs_c=(--leg "off:connector.bidirectional_kv_xfer=false"
         --leg "on-itl:connector.bidirectional_kv_xfer=true,router.local_stall_ratio=0")
 legs_d=(--leg "on-itl:connector.bidirectional_kv_xfer=true,router.local_stall_ratio=0"
         --leg "off:connector.bidirectional_kv_xfer=false")
+# e: ON default with the decode's token budget at the config's 512 and at 384 (smaller chunks: a smaller stall a
+# step against the streams' largest gap, a step more per chunk in a local turn's TTFT)
+legs_e=(--leg "off:connector.bidirectional_kv_xfer=false"
+        --leg "on:connector.bidirectional_kv_xfer=true"
+        --leg "on-384:connector.bidirectional_kv_xfer=true,decode[0].model.max_num_batched_tokens=384")
 
 . "$(dirname "$0")/lib.sh"
 
