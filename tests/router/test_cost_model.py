@@ -98,25 +98,30 @@ def test_an_idle_decode_takes_a_long_local_turn_that_a_busy_one_refuses_for_its_
 
 
 def test_a_decode_that_chunks_its_prompts_takes_a_long_turn_whose_every_step_stays_within_the_bounds() -> None:
-    # 2000 tokens at 8k/s beside 4 streams: in one step a 250 ms stall, over the ITL budget. A decode whose steps
-    # compute at most 404 tokens (max_num_batched_tokens) computes them 400 at a time beside its 4 streams: 5
-    # steps, each 20 + 50 ms. Its streams' largest gap is 60 ms anyway (a prefill shares their GPU): 70 ms is
-    # within 1.2x that. TTFT: 250 ms of compute + a 20 ms step per chunk = 350, under 585 ms through a prefill
-    # with 2000 tokens queued.
+    # 2000 tokens beside 4 streams: in one step (8k tokens/s) a 250 ms stall, over the ITL budget. A decode whose
+    # steps compute at most 404 tokens (max_num_batched_tokens) computes them 400 at a time beside its 4 streams: 5
+    # steps. Its local line is then per token slot of those steps (0.125 ms: a step with a chunk takes 50 ms, 30
+    # more than its streams' 20). Their largest gap is 60 ms anyway (a prefill shares their GPU): 50 ms is within
+    # 1.2x that. TTFT: 5 steps of 50 ms = 250, under 585 ms through a prefill with 2000 tokens queued.
     assert chunk_of(404, 4) == 400 and chunk_of(0, 4) == 0 and chunk_of(10, 20) == 1
     long = turn(8000, 2000, streams=4, prefill_queued=2000, chunk=chunk_of(404, 4))
     assert (long.per_step, long.steps) == (400, 5)
     gapped = replace(FAST, gap_ms=60.0)
     c = choose(long, gapped, FLOOR, SLO, CAP)
-    assert (c.source, c.basis, c.refused, c.ttft_ms, c.others_ms) == (DECODE_CACHE, "model", None, 350.0, 4 * 250.0)
-    # Its gap not measured, the step is the bound: 70 ms is over 1.2 x 20.
+    assert (c.source, c.basis, c.refused, c.ttft_ms, c.others_ms) == (DECODE_CACHE, "model", None, 250.0, 4 * 5 * 30.0)
+    # Its gap not measured, the step is the bound: 50 ms is over 1.2 x 20.
     assert choose(long, FAST, FLOOR, SLO, CAP).refused == "stall"
+    # A chunk step no longer than the streams' own (an eager GPU decode, whose step is its launches: on one H100 a
+    # 500-token chunk) stalls nothing: within the bound even against the step.
+    cheap = replace(FAST, local=per_s(25_000, 50.0))  # 16 ms a 400-token step, 50 ms of fixed cost
+    c = choose(long, cheap, FLOOR, SLO, CAP)
+    assert (c.source, c.refused, c.ttft_ms, c.others_ms) == (DECODE_CACHE, None, 50 + 5 * 16.0, 0.0)
     # In one step (no budget known) the same turn breaks the ITL budget, whatever the gap.
     assert choose(replace(long, chunk=0), gapped, FLOOR, SLO, CAP).refused == "itl"
     # Queued local prompts share the chunks: 400 tokens ahead make it 6 steps.
     queued = replace(long, decode_queued=400)
     assert (queued.per_step, queued.steps) == (400, 6)
-    assert choose(queued, gapped, FLOOR, SLO, CAP).ttft_ms == 2400 / 8 + 6 * 20
+    assert choose(queued, gapped, FLOOR, SLO, CAP).ttft_ms == 6 * 50.0
     # A probe of the decode's unmeasured local costs is priced a chunk a step too (PROBE_MARGIN x the prefill's),
     # and on a decode whose budget is known, against the ITL budget alone: its gap not measured (a 70 ms step is
     # over 1.2 x 20) it still probes; a chunk over the ITL budget does not; in one step neither.

@@ -4,11 +4,12 @@ KV source of a warm turn").
 For a warm turn whose decode holds `held` tokens of the prompt and lacks `missing`, from the costs the router
 measures (rates.py: each a line, fixed ms + ms a token) and the load it has in flight on each engine:
 
-    decode_cache  the decode alone: its prompt (and the local prompts queued there before it) is computed in
-                  chunks of the decode's token budget per step less a token for each of its streams
-                  (router.decode_batch_tokens, the decode's max_num_batched_tokens; unset: all in one step), so
-                  TTFT = local(queued + missing) + a step per chunk. Each chunk is a stall of chunk x the local ms
-                  a token in the step of every other stream on that decode, whose gap becomes step + that stall:
+    decode_cache  the decode alone: TTFT = local(queued + missing) + a step, its prefill a stall of queued +
+                  missing x the local ms a token in the step of every other stream on that decode. Where the
+                  decode's token budget is known (router.decode_batch_tokens, its max_num_batched_tokens) the
+                  prompt is computed in chunks of that budget less a token for each of its streams, and the local
+                  line is per token slot of those steps: TTFT = local(steps x chunk), each step chunk x the line's
+                  ms a slot, its stall what that is beyond the streams' own step. Their gap becomes step + stall:
                   refused ("itl") when that is over ITL_HEADROOM of router.itl_slo_ms (the SLO bounds the largest
                   gap; the prediction is a mean), and ("stall") when it is over router.local_stall_ratio x the
                   largest gap those streams see anyway (rates.py `gap`; the step while that is not measured): a
@@ -201,11 +202,18 @@ def choose(t: Turn, s: Speeds, floor: int, itl_slo_ms: float, local_cap: int,
     # A local turn's own TTFT is about the steps that compute its prompt: where those came in slower than
     # predicted, the stall is priced up by as much; never down (the ITL budget is not relaxed on a good run).
     per_token = s.local.per_token_ms * max(1.0, s.local_bias)
-    refused = _stalls(t, s, t.per_step * per_token, itl_slo_ms, stall_ratio)
+    if t.chunk > 0:
+        # The decode's budget known, its local line is per token slot of the steps that compute a prompt (rates.py):
+        # a step with a chunk takes chunk x that, its stall what it takes beyond the step its streams see anyway.
+        stall = max(0.0, t.chunk * per_token - s.step_ms)
+        local_ttft = s.local.ms(t.steps * t.chunk)
+    else:
+        stall = t.per_step * per_token
+        local_ttft = s.local.ms(t.local_tokens) + s.step_ms
+    refused = _stalls(t, s, stall, itl_slo_ms, stall_ratio)
     if refused is not None:
         return _refused(via, refused)
-    local_ttft = s.local.ms(t.local_tokens) + t.steps * s.step_ms
-    others = t.streams * t.missing * per_token
+    others = t.streams * t.steps * stall
     # Compared as each way has been measuring against its prediction; the choice says the model's own prediction.
     if local_ttft * s.local_bias <= via.ttft_ms * s.via_bias:
         return Choice(DECODE_CACHE, local_ttft, others, "model", via.min_read)

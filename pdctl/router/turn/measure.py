@@ -7,8 +7,9 @@ measured time to first token (choices.py). Called by the pipeline once per hop; 
                                     compute at the prefill's measured rate
     decode after a pull (streamed)  the P->D pull rate of the pair: the tokens offered over the decode's time to
                                     first byte less one step
-    local turn (streamed)           the decode's own compute rate, the same way, less a step for each chunk of
-                                    its prompt (cost.Turn.steps)
+    local turn (streamed)           the decode's own compute rate, the same way; where the decode's token budget
+                                    is known, its whole time to first byte against the token slots of the steps
+                                    that computed the prompt (cost.Turn.steps x chunk)
 The decode's step time comes from the streams it relays (decode.py).
 """
 
@@ -58,10 +59,14 @@ def pulled(state: RouterState, ctx: RequestContext, p: Upstream | None, d: Upstr
 
 
 def local_turn(state: RouterState, ctx: RequestContext, d: Upstream, context: int, ahead: int, missing: int) -> None:
-    chunk = Turn(0, missing, d.outstanding, ahead, 0, chunk_of(state.config.decode_batch_tokens, d.outstanding))
-    t = _decode_s(state, ctx, d, chunk.steps)
+    streams = max(d.outstanding - 1, 0)  # the others: this turn is in flight there too
+    turn = Turn(0, missing, streams, ahead, 0, chunk_of(state.config.decode_batch_tokens, streams))
+    if turn.chunk > 0:  # the whole time to first byte, against the token slots of the steps that computed it
+        t, tokens = _decode_s(state, ctx, d, 0), turn.steps * turn.chunk
+    else:
+        t, tokens = _decode_s(state, ctx, d), ahead + missing
     if t is not None:
-        state.rates.computed(d.url, d.generation, context, ahead + missing, t)
+        state.rates.computed(d.url, d.generation, context, tokens, t)
 
 
 def chosen(state: RouterState, ctx: RequestContext) -> None:

@@ -8,7 +8,10 @@ wait for its completion), the per-token part the engine's or the link's speed.
     prefill   a prefill hop that read nothing, by the prompt's context length (CONTEXT_BUCKETS): its time against
               the tokens it computed plus those queued ahead of them there
     local     a local turn: the decode's time to first byte less one step, against its new tokens plus those queued
-              ahead of them there
+              ahead of them there; on a decode whose token budget the router knows, its whole time to first byte
+              against the token slots of the steps that computed them (steps x chunk): on one H100 shared with the
+              prefill a 500-token chunk hardly lengthened the eager decode's step, which a line of ms a token
+              with a fixed part could not fit (docs/results/h100-1gpu-evict, fifth run)
     d_to_p    a prefill hop that read from the decode (per decode/prefill pair): what the hop took beyond its
               compute (the prefill's line), against the tokens read
     p_to_d    a pull (per prefill/decode pair): the decode's time to first byte less one step, against the tokens
