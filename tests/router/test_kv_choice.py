@@ -44,6 +44,20 @@ def _metric(r: RouterProc, line_start: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
 
 
+def _measured(r: RouterProc) -> list[Conversation]:
+    """Two conversations, their cold turns and then local turns on the idle decode until every rate the model
+    needs counts (its first own choice)."""
+    convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
+    for c in convs:
+        assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
+    for i in range(10):
+        if _choice(r)["basis"]["model"]:
+            break
+        assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
+    assert _choice(r)["basis"]["model"], f"the model never chose: its rates were not measured: {_choice(r)}"
+    return convs
+
+
 def test_the_model_runs_idle_turns_alone_and_refuses_a_busy_decode_past_the_itl_budget(tmp_path: Path) -> None:
     with (
         sim_pair(tmp_path, speed=5, threshold=0) as pd,
@@ -112,14 +126,7 @@ def test_a_busy_decode_refuses_a_local_turn_whose_stall_outgrows_its_streams_ste
         router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
                        "--local-policy", "cost", "--itl-slo-ms", "100000") as r,
     ):
-        convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
-        for c in convs:
-            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
-        for i in range(10):  # the decode idle: local turns, until every rate the model needs counts
-            if _choice(r)["basis"]["model"]:
-                break
-            assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
-        assert _choice(r)["basis"]["model"], "the model never chose: its rates were not measured"
+        convs = _measured(r)
         idle = convs[0].turn(" ".join(f"t{i}" for i in range(600)))  # idle: nobody to stall, however long
         said = KvChoice.parse(idle.headers.get("x-pd-kv-choice"))
         assert said is not None and (said.source, said.refused) == ("decode_cache", None), said
@@ -154,14 +161,7 @@ def test_a_decode_that_chunks_its_prompts_runs_a_long_turn_beside_a_stream_in_bo
             with router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096",
                                 "--local-policy", "cost", "--itl-slo-ms", "100000", "--local-stall-ratio", "2",
                                 *told) as r:
-                convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
-                for c in convs:
-                    assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
-                for i in range(10):  # the decode idle: local turns, until every rate the model needs counts
-                    if _choice(r)["basis"]["model"]:
-                        break
-                    assert convs[i % 2].turn(f"{MORE} c{i}").status == 200
-                assert _choice(r)["basis"]["model"], f"the model never chose: {_choice(r)}"
+                convs = _measured(r)
                 decode = _choice(r)["rates"]["engines"][pd.decode_url]
                 assert decode["step_ms"] and decode["gap_ms"], decode  # its streams' step and largest gap
 
@@ -210,14 +210,7 @@ def test_a_restarted_decode_starts_again_from_the_rule_before_the_model(tmp_path
         sim_pair(tmp_path, speed=5, threshold=0) as pd,
         router_process(tmp_path, [pd.prefill_url], [pd.decode_url], "--local-prefill-tokens", "4096") as r,
     ):
-        convs = [Conversation(r.url, False, True, "body", uuid.uuid4().hex, max_tokens=6) for _ in range(2)]
-        for c in convs:
-            assert c.turn(f"{uuid.uuid4().hex} {TEXT}").reason == "new_conversation"
-        for i in range(10):
-            if _choice(r)["basis"]["model"]:
-                break
-            assert convs[i % 2].turn(f"{MORE} a{i}").status == 200
-        assert _choice(r)["basis"]["model"], "the model never chose: its rates were not measured"
+        convs = _measured(r)
         before = _choice(r)["rates"]["engines"][pd.decode_url]
         assert before["tokens_per_s"], before
 
