@@ -86,7 +86,7 @@ class Router(Strict):
         "decode's other streams, against the largest gap they see anyway (default 1.2: their worst gaps stay near "
         "ON via prefill's). A decode whose max_num_batched_tokens is set computes the turn in chunks of it, each a "
         "bounded stall (docs/router.md). Until the decode's rates are measured a turn beside other streams goes "
-        "through a prefill unless its stall a step, priced at the prefill's compute, keeps the step within the "
+        "through a prefill unless its stall a step, priced at twice the prefill's compute, keeps the step within the "
         "bounds: a probe. "
         "0: no such bound, itl_slo_ms alone: a busy decode's local costs are measured by probes (one local turn "
         "at a time) and the least TTFT within that budget is chosen. On one "

@@ -128,7 +128,7 @@ def test_a_decode_that_chunks_its_prompts_takes_a_long_turn_whose_every_step_sta
     unknown = replace(FAST, local=None)
     probe = choose(long, unknown, FLOOR, SLO, CAP)
     assert (probe.source, probe.basis, probe.ttft_ms) == (DECODE_CACHE, "probe", 2000 * PROBE_MARGIN / 8 + 5 * 20)
-    assert choose(replace(long, chunk=1100), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # 20 + 137.5 ms
+    assert choose(replace(long, chunk=600), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # 20 + 150 ms
     assert choose(replace(long, chunk=0), unknown, FLOOR, SLO, CAP).refused == "unmeasured"
 
 
@@ -274,21 +274,21 @@ def test_local_stall_ratio_zero_bounds_a_local_turn_by_the_itl_budget_alone() ->
 
 def test_local_stall_ratio_zero_probes_a_busy_decode_whose_local_costs_are_not_measured() -> None:
     # So that a decode that always has other streams gets its local rates measured: one probe at a time, its stall
-    # priced at PROBE_MARGIN x the prefill's compute (8k tokens/s: 0.125 ms a token) within the ITL budget.
+    # priced at PROBE_MARGIN x the prefill's compute (8k tokens/s: 0.25 ms a token) within the ITL budget.
     unknown = Speeds(per_s(8000), None, per_s(200_000), per_s(400_000), 20.0)
-    assert PROBE_MARGIN == 1.0 and ITL_HEADROOM * SLO == 150.0
-    probe = choose(turn(8000, 1040, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # 20 + 130 ms
+    assert PROBE_MARGIN == 2.0 and ITL_HEADROOM * SLO == 150.0
+    probe = choose(turn(8000, 520, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # 20 + 130 ms
     assert (probe.source, probe.basis, probe.refused, probe.ttft_ms, probe.others_ms) == (
         DECODE_CACHE, "probe", None, 150.0, 4 * 130.0)
-    long = choose(turn(8000, 1041, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # over the budget
+    long = choose(turn(8000, 521, streams=4), unknown, FLOOR, SLO, CAP, stall_ratio=0)  # over the budget
     assert (long.source, long.basis, long.refused) == (DECODE_READ, "default", "unmeasured")
     queued = choose(turn(8000, 100, streams=4, decode_queued=100), unknown, FLOOR, SLO, CAP, stall_ratio=0)
     assert queued.refused == "unmeasured"  # another local prompt already in the batch: not two guesses at once
-    # With the default ratio a probe's priced stall must also keep the step within 1.2x it: 100 tokens (+12.5 ms
-    # on a 20 ms step) do not, 8 tokens (+1 ms) do; and nothing is guessed before the prefill's rate is measured.
+    # With the default ratio a probe's priced stall must also keep the step within 1.2x it: 100 tokens (+25 ms
+    # on a 20 ms step) do not, 8 tokens (+2 ms) do; and nothing is guessed before the prefill's rate is measured.
     assert choose(turn(8000, 100, streams=4), unknown, FLOOR, SLO, CAP).refused == "unmeasured"  # ratio 1.2
     few = choose(turn(8000, 8, streams=4), unknown, FLOOR, SLO, CAP)
-    assert (few.source, few.basis, few.refused, few.ttft_ms) == (DECODE_CACHE, "probe", None, 21.0)
+    assert (few.source, few.basis, few.refused, few.ttft_ms) == (DECODE_CACHE, "probe", None, 22.0)
     assert choose(turn(8000, 8, streams=4), Speeds(None, None, None, None, None), FLOOR, SLO, CAP).refused == (
         "unmeasured")
     # Nothing measured yet but a turn lacking at most SAFE_LOCAL_TOKENS: still a probe, the only guess left.

@@ -72,10 +72,12 @@ ITL_HEADROOM = 0.75
 # gap at 1.6-3.3x ON via prefill's (simulated 1P1D eviction, 4-16 sessions); chunked by the decode's token budget
 # each step carries a bounded part of them.
 # A probe's stall, before the decode's own compute is measured, is priced at this many times the prefill's per
-# token. Measured, the decode computes a local prompt no slower a token than the prefill (the same step model in
-# the simulator; on one H100 shared by both, 51-60k tokens/s on the decode against 21-50k on the prefill:
-# docs/results/h100-1gpu-evict), so the prefill's own rate is a safe price.
-PROBE_MARGIN = 1.0
+# token: the decode computes the same model's prompt, but beside its streams and at the conversation's whole
+# context. Set to 1 for a day (the decode measured faster a token than the prefill on one shared H100: 51-60k
+# tokens/s against 21-50k), the simulated 2P2D eviction sweep then probed with 433-1408 token prefills that broke
+# its ITL SLO at 32 sessions (p99 202 ms; docs/results/sim-evict-1p1d, run9); on a decode of known budget the price
+# guards the ITL budget alone, where twice it still probes a 500-token chunk on that GPU.
+PROBE_MARGIN = 2.0
 Basis = Literal["model", "default", "probe"]
 
 
