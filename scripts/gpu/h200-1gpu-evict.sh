@@ -22,7 +22,7 @@ cli=/opt/torch/.venv/bin/pdctl
 topo=$repo/configs/h200-1gpu-evict.yaml
 sweep=${PDCTL_EVICT_SWEEP:-sessions=4,8,16}
 benches=${PDCTL_EVICT_BENCHES:-a b}  # a: off, on-prefill, on; b: the aggregated engine alone; c: off, on, on-itl;
-                                     # d: on-itl, off; e: off, on, on-384; f: on
+                                     # d: on-itl, off; e: off, on, on-384; f: on; g: off, on
 runs=${PDCTL_EVICT_RUNS:-2}          # plays per session count (1 when the device time allows no more)
 common=(--set "python.wheelhouse=$base/wh/wheels" --profile agent --sweep "$sweep" --slo ttft_p90=500,itl_p99=200
         --runs "$runs")
@@ -45,6 +45,10 @@ legs_e=(--leg "off:connector.bidirectional_kv_xfer=false"
 # f: ON default alone (a check of a router change where the device time allows one leg; compare it with an OFF
 # leg measured on the same card only)
 legs_f=(--leg "on:connector.bidirectional_kv_xfer=true")
+# g: OFF and ON default alone, on the same card (a sweep of three session counts in the time of e's two: the largest
+# count both hold, where OFF holds the smallest only)
+legs_g=(--leg "off:connector.bidirectional_kv_xfer=false"
+        --leg "on:connector.bidirectional_kv_xfer=true")
 
 . "$(dirname "$0")/lib.sh"
 
