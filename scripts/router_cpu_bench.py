@@ -20,6 +20,10 @@ each repetition vs the first, and whether the CPU target (<= 1.0 s per 1000 requ
     python scripts/router_cpu_bench.py --streams 256 --seconds 5 --workloads new --legs on
     python scripts/router_cpu_bench.py --decode-blocks 4000              # a small decode KV: retention must yield
     python scripts/router_cpu_bench.py --profile /tmp/router.speedscope  # also py-spy the router (if installed)
+    python scripts/router_cpu_bench.py --cprofile-engines /tmp/engines    # the engines under cProfile (pstats files)
+
+An engine's cProfile stats cover its whole life: an ON router that stops releases the handles it holds, so the ON
+prefill's stats end with those one-token release requests (one per handle), which no repetition counted.
 
 The load generator is a lean HTTP/1.1 client (asyncio + httptools), so that on a small machine it takes as little
 CPU from the engines as it can; its requests are streaming /v1/completions with max_tokens 8.
@@ -71,11 +75,11 @@ def next_port() -> int:
             return _NEXT_PORT[0] - 1
 
 
-# The router under cProfile: uvicorn re-raises the SIGTERM it caught once it has shut down, so the stats are
-# written by a handler of that signal (which uvicorn restores before re-raising) rather than at exit.
+# A module (the router, a simulated engine) under cProfile: uvicorn re-raises the SIGTERM it caught once it has shut
+# down, so the stats are written by a handler of that signal (which uvicorn restores before re-raising), not at exit.
 CPROFILE = """
 import cProfile, os, runpy, signal, sys, time
-out, sys.argv = sys.argv[1], ["pdctl.router", *sys.argv[2:]]
+out, module, sys.argv = sys.argv[1], sys.argv[2], [sys.argv[2], *sys.argv[3:]]
 prof = cProfile.Profile(time.process_time)  # CPU time: waits and other processes do not count
 def dump(*_):
     prof.disable()
@@ -83,7 +87,7 @@ def dump(*_):
     os._exit(0)
 signal.signal(signal.SIGTERM, dump)
 prof.enable()
-runpy.run_module("pdctl.router", run_name="__main__")
+runpy.run_module(module, run_name="__main__")
 """
 
 
@@ -305,7 +309,9 @@ class Deployment:
         bidirectional = name == "on"
         pp, dp, self.rp = next_port(), next_port(), next_port()
         for role, port, blocks in (("prefill", pp, 2_000_000), ("decode", dp, args.decode_blocks)):
-            argv = [sys.executable, "-m", "pdctl.sim", "serve", "Qwen/Qwen3-32B", "--role", role, "--port", str(port),
+            sim = (["-c", CPROFILE, f"{args.cprofile_engines}.{name}-{role}", "pdctl.sim"] if args.cprofile_engines
+                   else ["-m", "pdctl.sim"])
+            argv = [sys.executable, *sim, "serve", "Qwen/Qwen3-32B", "--role", role, "--port", str(port),
                     "--served-model-name", MODEL, "--speed", "inf", "--num-gpu-blocks", str(blocks),
                     "--max-num-seqs", "1024", "--log-stats-interval", "3600",
                     "--kv-transfer-config", kv_config(role, bidirectional, ttl=args.kv_ttl),
@@ -315,7 +321,7 @@ class Deployment:
         for (port, proc), role in zip(((pp, self.procs[0]), (dp, self.procs[1])), ("prefill", "decode"), strict=True):
             wait_health(port, proc, f"simulated {role}", logs / f"{name}-{role}.log")
         self.router_log = logs / f"{name}-router.log"
-        prof = ["-c", CPROFILE, f"{args.cprofile}.{name}"] if args.cprofile else ["-m", "pdctl.router"]
+        prof = ["-c", CPROFILE, f"{args.cprofile}.{name}", "pdctl.router"] if args.cprofile else ["-m", "pdctl.router"]
         self.router = start([sys.executable, *prof, "serve", "--port", str(self.rp),
                              "--prefill", f"http://127.0.0.1:{pp}", "--decode", f"http://127.0.0.1:{dp}",
                              "--model", MODEL, "--decoder-kv-blocks-ttl", str(args.kv_ttl), "--log-level", "warning",
@@ -472,6 +478,8 @@ def main() -> None:
     ap.add_argument("--profile", help="py-spy the router into PATH.on / PATH.off (speedscope format)")
     ap.add_argument("--base-port", type=int, help="take ports from here up (default: free ones)")
     ap.add_argument("--cprofile", help="run the router under cProfile, its stats to PATH.on / PATH.off (slower)")
+    ap.add_argument("--cprofile-engines", help="run the simulated engines under cProfile, their stats to "
+                    "PATH.on-prefill, PATH.on-decode, PATH.off-prefill, PATH.off-decode (slower)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     bad = [w for w in args.workloads.split(",") if w not in ("new", "mix")]
