@@ -477,7 +477,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", default="64,256,1000", help="comma-separated concurrent streams")
     ap.add_argument("--workloads", default="new,mix", help="new, mix or both (comma-separated)")
-    ap.add_argument("--legs", default="on,off", help="on, off or both (comma-separated)")
+    ap.add_argument("--legs", default="on,off", help="on, off or both (comma-separated); on-b, off-b: a second "
+                    "deployment of that leg beside them")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per point, back to back")
     ap.add_argument("--seconds", type=float, default=10.0, help="seconds per repetition")
     ap.add_argument("--decode-blocks", type=int, default=2_000_000,
@@ -497,9 +498,9 @@ def main() -> None:
     if args.aa:
         args.legs = f"{args.aa},{args.aa}-b"
     bad = [w for w in args.workloads.split(",") if w not in ("new", "mix")]
-    bad += [g for g in args.legs.split(",") if g not in ("on", "off") and not args.aa]
+    bad += [g for g in args.legs.split(",") if g not in ("on", "off", "on-b", "off-b")]
     if bad:
-        sys.exit(f"unknown workload or leg {bad[0]!r}: --workloads takes new,mix and --legs on,off")
+        sys.exit(f"unknown workload or leg {bad[0]!r}: --workloads takes new,mix and --legs on,off,on-b,off-b")
     if args.base_port:
         _NEXT_PORT.append(args.base_port)
     cores = sorted(os.sched_getaffinity(0))
