@@ -502,6 +502,8 @@ def main() -> None:
     bad += [g for g in args.legs.split(",") if g not in ("on", "off", "on-b", "off-b")]
     if bad:
         sys.exit(f"unknown workload or leg {bad[0]!r}: --workloads takes new,mix and --legs on,off,on-b,off-b")
+    if len(set(args.legs.split(","))) < len(args.legs.split(",")):
+        sys.exit(f"--legs {args.legs}: a leg named twice; a second deployment of a leg is on-b or off-b")
     if args.base_port:
         _NEXT_PORT.append(args.base_port)
     cores = sorted(os.sched_getaffinity(0))
