@@ -181,6 +181,11 @@ class RouterConfig:
     release_carry_ms: float = knob(
         50.0, "How long a release waits for a turn's own prefill request to carry it (a turn that reads nothing from "
         "a decode: no request added) before it is sent alone. 0: every release is a request of its own.")
+    release_calm_carry_s: float = knob(
+        30.0, "How long the release of a handle evicted from a full table waits for a turn to carry it while its "
+        "decode's KV is calm (its last poll at or below retain_target_kv, nothing waiting): blocks nothing needs "
+        "are not worth a request of their own. Pressure, a drain or a stop sends it at once; at most "
+        "release_carry_ms where this is smaller.")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
     eject_after: int = knob(3, "Consecutive failures that eject an upstream.")
@@ -264,6 +269,8 @@ class RouterConfig:
             problems.append(f"--shutdown-release-timeout must be >= 0, got {self.shutdown_release_timeout:g}")
         if not self.release_carry_ms >= 0:
             problems.append(f"--release-carry-ms must be >= 0 (0: never carried), got {self.release_carry_ms:g}")
+        if not self.release_calm_carry_s >= 0:
+            problems.append(f"--release-calm-carry-s must be >= 0, got {self.release_calm_carry_s:g}")
         if self.release_concurrency < 1:
             problems.append(f"--release-concurrency must be >= 1, got {self.release_concurrency}")
         if not self.itl_slo_ms > 0:

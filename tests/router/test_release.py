@@ -320,3 +320,82 @@ def test_a_turn_carries_a_release_only_where_a_release_of_its_own_linked_the_pre
         await r.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("calm_s", ["30", "0"], ids=["calm-waits", "calm-off"])
+def test_an_evicted_handles_release_waits_for_a_carrier_while_its_decode_is_calm(tmp_path: Path,
+                                                                                 calm_s: str) -> None:
+    # The decode's KV is nearly empty (calm): once the pair is linked, an evicted handle's release waits past
+    # --release-carry-ms (50) for the next new conversation to carry it, instead of a one-token request of its own;
+    # its blocks stay on the decode meanwhile. With --release-calm-carry-s 0 it goes alone after the 50 ms.
+    with fresh(tmp_path, "--max-handles", "1", "--release-carry-ms", "50", "--release-calm-carry-s", calm_s) as (
+            pd, router):
+        turn(router, uuid.uuid4().hex)
+        turn(router, uuid.uuid4().hex, words=60)  # a's release: alone (the pair is not linked yet)
+        assert eventually(lambda: released(router) == 1), router.stats()
+        held_b = pinned(router)
+        assert eventually(lambda: router.stats()["retention"]["decodes"][0]["kv_usage"] is not None)
+        turn(router, uuid.uuid4().hex, words=70)  # c: b's handle is evicted
+        held_c = pinned(router)
+        time.sleep(1.0)  # twenty carry windows
+        releases = router.stats()["retention"]["releases"]["evicted"]
+        served = pd.prefill.metric("vllm:e2e_request_latency_seconds_count")
+        if calm_s == "0":
+            assert releases == {"sent": 2}, releases
+            assert used_blocks(pd.decode) == held_c
+            return
+        assert releases == {"sent": 1}, releases  # b's release still waits
+        assert used_blocks(pd.decode) == held_b + held_c
+        turn(router, uuid.uuid4().hex, words=80)  # d carries it: no request besides its own
+        assert eventually(lambda: router.stats()["retention"]["releases"]["evicted"] == {"sent": 1, "carried": 1})
+        assert pd.prefill.metric("vllm:e2e_request_latency_seconds_count") - served == 1
+        assert corrupt(pd.prefill, pd.decode) == 0
+
+
+def test_a_release_waiting_on_a_calm_decode_goes_once_it_is_calm_no_more_or_a_drain_wants_it() -> None:
+    # Each release is an evicted handle on the linked pair (p, d). While `calm` says yes it waits for a carrier
+    # (calm_carry_s 30 s); when it says no, it goes within CALM_RECHECK_S of that; a drain sends the next at once;
+    # a release of another reason, or to a decode no prefill is linked to, waits only carry_s.
+    sent: list[str] = []
+    calm = {"http://d": True, "http://e": True}
+
+    class Recording(Releaser):
+        async def _send(self, h: Handle, reason: str) -> bool:
+            sent.append(h.conversation)
+            self._links["http://p", h.decode_url] = (0, 0, time.monotonic())  # as a release sent alone links
+            return True
+
+    def evicted(name: str, decode: str = "http://d") -> Handle:
+        return Handle(name, {}, decode, None, 0.0, 1.0)
+
+    async def until(name: str, within: float) -> float:
+        t0 = time.monotonic()
+        while name not in sent:
+            assert time.monotonic() - t0 < within, f"{name} not sent within {within}s: sent {sent}"
+            await asyncio.sleep(0.01)
+        return time.monotonic() - t0
+
+    async def main() -> None:
+        r = Recording(Pool("prefill", ["http://p"]), Pool("decode", ["http://d", "http://e"]), "m",
+                      ReleaseMetrics(CollectorRegistry()), concurrency=1, carry_s=0.05, calm_carry_s=30.0)
+        r.client = cast(LeanClient, object())  # submit only checks that the router set one
+        r.calm = calm.__getitem__
+        r.submit(evicted("first"), "evicted")  # nothing linked to d yet: alone after carry_s
+        await until("first", 1.0)
+        r.submit(evicted("second"), "evicted")
+        await asyncio.sleep(0.6)
+        assert sent == ["first"], sent  # calm and linked: waiting for a carrier
+        calm["http://d"] = False
+        assert await until("second", 1.0) <= 0.3 + 0.1
+        calm["http://d"] = True
+        r.submit(evicted("third"), "evicted")
+        await asyncio.sleep(0.3)
+        assert "third" not in sent
+        assert await r.drained(1.0) and sent[-1] == "third"  # a drain does not wait for a carrier
+        r.submit(evicted("fourth", "http://e"), "evicted")  # e: no prefill linked to it yet
+        await until("fourth", 0.5)
+        r.submit(evicted("fifth"), "unread")  # not evicted: carry_s only
+        await until("fifth", 0.5)
+        await r.close()
+
+    asyncio.run(main())

@@ -44,6 +44,14 @@ queued release waits `release_carry_ms` for such a turn before a worker sends it
 it back to a worker (`carried`). A carried release is counted with result `carried`. Turns carry releases only to a
 decode their prefill has already notified with a release of its own (`take`): the first contact on a pair is a
 one-token request, which has finished by the time a failed NIXL handshake could be reported against it.
+
+A handle evicted from a full table waits longer for a carrier while its decode's KV is calm (`calm`: the
+retention poll found it at or below `retain_target_kv` with nothing waiting): up to `release_calm_carry_s`, on a
+linked pair, while fewer than PATIENT_MAX releases are open. Freeing those blocks sooner would free what nothing
+needs, at the price of a request of its own; where traffic pauses (the end of a burst), the evictions of its last
+turns would otherwise each go alone once `release_carry_ms` is up, and the next burst's new conversations carry
+them instead. A poll that finds the decode under pressure ends the wait (the worker looks again every
+CALM_RECHECK_S), as do a drain (`drained`, `urgent`: a reset, a stopping router) and a closed releaser.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ import os
 import time
 from collections import Counter as Tally
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -67,6 +77,7 @@ from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.lean_metrics import Counter
 from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool, Upstream
+from pdctl.router.wire import EVICTED
 
 log = logging.getLogger("pdctl.router")
 
@@ -76,6 +87,8 @@ CARRIED = "carried"  # a release's result when it rode on a turn's prefill reque
 LINK_S = 600.0
 TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
+PATIENT_MAX = 1024  # open releases past which none waits longer than release_carry_ms for a carrier, calm or not
+CALM_RECHECK_S = 0.25  # a release waiting for a carrier looks again this often (its decode may no longer be calm)
 # Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
 RELEASE_FIELD = "pdctl_release"
 SHOWN_REASONS = (PRESSURE, SINGLE_TURN, RECLAIMED, REPLACED, UNREAD, SHUTDOWN)  # exported from the start
@@ -143,7 +156,7 @@ class Releaser:
     """Sends releases in the background; `submit` is the handle table's `on_drop`."""
 
     def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
-                 enabled: bool = True, block_size: int = 1, carry_s: float = 0.0) -> None:
+                 enabled: bool = True, block_size: int = 1, carry_s: float = 0.0, calm_carry_s: float = 0.0) -> None:
         self.prefill, self.decode, self.model = prefill, decode, model
         self.client: LeanClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
@@ -151,6 +164,9 @@ class Releaser:
         self.concurrency = max(1, concurrency)
         self._queue: deque[Queued] = deque()  # not yet sent, oldest first
         self.carry_s = max(0.0, carry_s)  # how long a queued release waits for a turn to carry it
+        self.calm_carry_s = max(0.0, calm_carry_s)  # how long an evicted handle waits while its decode is calm
+        self.calm: Callable[[str], bool] | None = None  # decode URL -> whether its KV is calm (retention.py)
+        self._urgent = 0  # drains in progress: meanwhile no release waits for a carrier
         self._workers: set[asyncio.Task[None]] = set()
         # Workers draining the queue: one leaves this count in the same step as it finds the queue empty, so a
         # release submitted after that step starts a worker (the task set's done callback comes a step later).
@@ -208,10 +224,10 @@ class Releaser:
         try:
             while self._queue:
                 q = self._queue[0]
-                wait = q.at + self.carry_s - time.monotonic() if q.carriable else 0.0
+                wait = q.at + self._carry_wait(q) - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue  # a turn may have taken it meanwhile
+                    await asyncio.sleep(min(wait, CALM_RECHECK_S))
+                    continue  # a turn may have taken it meanwhile, or its decode be calm no longer
                 self._queue.popleft()
                 done = False
                 try:
@@ -222,6 +238,30 @@ class Releaser:
                     self._done(q.handle, q.tokens, done)
         finally:
             self._running -= 1
+
+    def _carry_wait(self, q: Queued) -> float:
+        """How long in all `q` waits for a turn to carry it: `carry_s`, longer for an evicted handle while its
+        decode is calm (on a linked pair, the queue short), none once a drain or a failed carrier wants it sent."""
+        if not q.carriable or self._closed or self._urgent or self.carry_s <= 0:
+            return 0.0
+        if (q.reason == EVICTED and self.calm_carry_s > self.carry_s and self._open <= PATIENT_MAX
+                and self.calm is not None and self._linked(q.handle.decode_url) and self.calm(q.handle.decode_url)):
+            return self.calm_carry_s
+        return self.carry_s
+
+    def _linked(self, decode_url: str) -> bool:
+        """Whether some prefill was linked to this decode within LINK_S (a turn to it can carry a release)."""
+        now = time.monotonic()
+        return any(d == decode_url and now - link[2] <= LINK_S for (_, d), link in self._links.items())
+
+    @contextmanager
+    def urgent(self) -> Iterator[None]:
+        """Meanwhile no release waits for a carrier: those queued go as soon as a worker gets to them."""
+        self._urgent += 1
+        try:
+            yield
+        finally:
+            self._urgent -= 1
 
     def take(self, p: Upstream) -> Queued | None:
         """The oldest queued release a turn's prefill request to `p` can carry, for `carried` to settle once that
@@ -289,10 +329,11 @@ class Releaser:
         """Wait until no release is left (at most `timeout` seconds); whether none is."""
         if not self._open:
             return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return not self._open
+        with self.urgent():
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except TimeoutError:
+                return not self._open
         return True
 
     async def _send(self, h: Handle, reason: str) -> bool:

@@ -50,6 +50,7 @@ log = logging.getLogger("pdctl.router")
 
 POLL_S = 0.25
 FLUSH_S = 0.25  # the journal's appends: a router killed between two loses at most this much of its record
+CALM_AGE_S = 4 * POLL_S  # a poll older than this (the decode slow to answer, or gone) says nothing of its calm
 SQUEEZE_S = 4 * POLL_S  # a poll's finding of requests waiting for KV counts this long (polls that fail: not longer)
 UNKNOWN_CAPACITY_BATCH = 8  # handles released per poll under pressure on a decode that does not say its capacity
 RETAIN_HEADER = b"x-pd-retain"
@@ -154,6 +155,14 @@ class Retention:
             log.info("decode %s at %.1f%% KV with %d waiting: released %d retained handle(s)", url,
                      100 * kv.usage, kv.waiting, gone)
         return gone
+
+    def calm(self, url: str) -> bool:
+        """Whether the decode at `url` has KV to spare: a poll at most CALM_AGE_S ago found it at or below
+        `retain_target_kv` with nothing waiting. A release of a handle evicted there may then wait longer for a turn
+        to carry it (release.py); unknown (no recent poll, no usage reported, retention off) is not calm."""
+        kv = self.seen.get(url)
+        return (self.enabled and kv is not None and kv.usage is not None and kv.usage <= self.target
+                and kv.waiting == 0 and time.monotonic() - kv.at <= CALM_AGE_S)
 
     def squeezed(self, url: str) -> bool:
         """Whether the last poll of the decode at `url`, at most SQUEEZE_S ago, found requests waiting for its KV

@@ -58,7 +58,8 @@ class RouterState:
         metrics = RouterMetrics()
         rates = Rates()
         releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
-                            config.release, config.block_size, config.release_carry_ms / 1000)
+                            config.release, config.block_size, config.release_carry_ms / 1000,
+                            config.release_calm_carry_s)
         capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
         journal = (Journal(config.state_dir, config.decoder_kv_blocks_ttl)
                    if config.state_dir and config.release and config.mode == "disaggregated" else None)
@@ -66,6 +67,9 @@ class RouterState:
         handles = HandleTable(config.max_handles, index=index, on_drop=releaser.submit,
                               budget=capacities.budget if config.release else None,
                               block_size=config.block_size, journal=journal)
+        retention = Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
+                              config.block_size, metrics.registry, journal)
+        releaser.calm = retention.calm
         return cls(
             config=config,
             prefill=prefill,
@@ -86,8 +90,7 @@ class RouterState:
             engine_choice=EngineChoice(),
             kv_use=KvUse(),
             overflowed=AffinityTable(config.max_handles, index=index),
-            retention=Retention(handles, releaser, decode, config.retain_high_kv, config.retain_target_kv,
-                                config.block_size, metrics.registry, journal),
+            retention=retention,
             rates=rates,
             choices=Choices(metrics.registry, rates, config.itl_slo_ms, config.local_stall_ratio),
             tracer=Tracer(config.trace_queue, metrics.traced) if config.otlp_endpoint else None,
