@@ -182,10 +182,10 @@ class RouterConfig:
         50.0, "How long a release waits for a turn's own prefill request to carry it (a turn that reads nothing from "
         "a decode: no request added) before it is sent alone. 0: every release is a request of its own.")
     release_calm_carry_s: float = knob(
-        30.0, "How long the release of a handle evicted from a full table waits for a turn to carry it while its "
-        "decode's KV is calm (its last poll at or below retain_target_kv, nothing waiting): blocks nothing needs "
-        "are not worth a request of their own. Pressure, a drain or a stop sends it at once; at most "
-        "release_carry_ms where this is smaller.")
+        30.0, "How long the release of a handle evicted from a full table, or expired, waits for a turn to carry it "
+        "while its decode's KV is calm (its last poll at or below retain_target_kv, nothing waiting): blocks nothing "
+        "needs are not worth a request of their own. Never past 5 s before the decode's TTL frees them; pressure, "
+        "a drain or a stop sends it at once; release_carry_ms where this is smaller.")
     sweep_interval: float = knob(5.0, "Seconds between sweeps of expired handles.")
     health_interval: float = knob(2.0, "Seconds between upstream health checks.")
     eject_after: int = knob(3, "Consecutive failures that eject an upstream.")

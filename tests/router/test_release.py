@@ -353,9 +353,10 @@ def test_an_evicted_handles_release_waits_for_a_carrier_while_its_decode_is_calm
 
 
 def test_a_release_waiting_on_a_calm_decode_goes_once_it_is_calm_no_more_or_a_drain_wants_it() -> None:
-    # Each release is an evicted handle on the linked pair (p, d). While `calm` says yes it waits for a carrier
-    # (calm_carry_s 30 s); when it says no, it goes within CALM_RECHECK_S of that; a drain sends the next at once;
-    # a release of another reason, or to a decode no prefill is linked to, waits only carry_s.
+    # Each release is an evicted (or expired) handle on the linked pair (p, d). While `calm` says yes it waits for a
+    # carrier (calm_carry_s 30 s); when it says no, it goes within CALM_RECHECK_S of that; a drain sends the next at
+    # once; a release of another reason, to a decode no prefill is linked to, or close to the decode's own TTL,
+    # waits only carry_s.
     sent: list[str] = []
     calm = {"http://d": True, "http://e": True}
 
@@ -365,8 +366,9 @@ def test_a_release_waiting_on_a_calm_decode_goes_once_it_is_calm_no_more_or_a_dr
             self._links["http://p", h.decode_url] = (0, 0, time.monotonic())  # as a release sent alone links
             return True
 
-    def evicted(name: str, decode: str = "http://d") -> Handle:
-        return Handle(name, {}, decode, None, 0.0, 1.0)
+    def evicted(name: str, decode: str = "http://d", age: float = 0.0) -> Handle:
+        now = time.monotonic()
+        return Handle(name, {}, decode, None, now - age, now - age + 1.0)
 
     async def until(name: str, within: float) -> float:
         t0 = time.monotonic()
@@ -394,8 +396,15 @@ def test_a_release_waiting_on_a_calm_decode_goes_once_it_is_calm_no_more_or_a_dr
         assert await r.drained(1.0) and sent[-1] == "third"  # a drain does not wait for a carrier
         r.submit(evicted("fourth", "http://e"), "evicted")  # e: no prefill linked to it yet
         await until("fourth", 0.5)
-        r.submit(evicted("fifth"), "unread")  # not evicted: carry_s only
+        r.submit(evicted("fifth"), "unread")  # neither evicted nor expired: carry_s only
         await until("fifth", 0.5)
+        r.submit(evicted("sixth"), "expired")  # expired: waits as an evicted one does
+        await asyncio.sleep(0.3)
+        assert "sixth" not in sent
+        # ... but never past 5 s before the decode's own TTL (480 s) frees the blocks: this one's is 4 s away
+        r.submit(evicted("seventh", age=476.0), "expired")
+        await until("seventh", 0.5)
+        assert "sixth" not in sent  # the queue's order: the one behind went first, the one waiting still waits
         await r.close()
 
     asyncio.run(main())

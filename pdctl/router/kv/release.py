@@ -45,12 +45,14 @@ it back to a worker (`carried`). A carried release is counted with result `carri
 decode their prefill has already notified with a release of its own (`take`): the first contact on a pair is a
 one-token request, which has finished by the time a failed NIXL handshake could be reported against it.
 
-A handle evicted from a full table waits longer for a carrier while its decode's KV is calm (`calm`: the
-retention poll found it at or below `retain_target_kv` with nothing waiting): up to `release_calm_carry_s`, on a
-linked pair, while fewer than PATIENT_MAX releases are open. Freeing those blocks sooner would free what nothing
-needs, at the price of a request of its own; where traffic pauses (the end of a burst), the evictions of its last
-turns would otherwise each go alone once `release_carry_ms` is up, and the next burst's new conversations carry
-them instead. A poll that finds the decode under pressure ends the wait (the worker looks again every
+A handle evicted from a full table, or expired, waits longer for a carrier while its decode's KV is calm (`calm`:
+the retention poll found it at or below `retain_target_kv` with nothing waiting): up to `release_calm_carry_s`, on
+a linked pair, while fewer than PATIENT_MAX releases are open, and never later than ENGINE_EXPIRY_MARGIN_S before
+the decode's own `decoder_kv_blocks_ttl` frees the blocks (a notify after that finds nothing). Freeing those
+blocks sooner would free what nothing needs, at the price of a request of its own: where traffic pauses (the end
+of a burst), the evictions of its last turns would otherwise each go alone once `release_carry_ms` is up, and a
+sweep's expiries come in batches larger than the turns of a carry window; the next new conversations carry them
+instead. A poll that finds the decode under pressure ends the wait (the worker looks again every
 CALM_RECHECK_S), as do a drain (`drained`, `urgent`: a reset, a stopping router) and a closed releaser.
 """
 
@@ -71,13 +73,15 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from pdctl import prefix_check
+from pdctl.defaults import VLLM_DECODER_KV_BLOCKS_TTL_S
+from pdctl.kv_expiry import ENGINE_EXPIRY_MARGIN_S
 from pdctl.router import jsonx
 from pdctl.router.kv.handles import PRESSURE, RECLAIMED, REPLACED, SHUTDOWN, SINGLE_TURN, UNREAD, Handle, Pins
 from pdctl.router.kv.pins import pinned_tokens
 from pdctl.router.lean_metrics import Counter
 from pdctl.router.upstream.client import LeanClient
 from pdctl.router.upstream.pools import Pool, Upstream
-from pdctl.router.wire import EVICTED
+from pdctl.router.wire import EVICTED, EXPIRED
 
 log = logging.getLogger("pdctl.router")
 
@@ -88,6 +92,7 @@ LINK_S = 600.0
 TIMEOUT_S = 10.0  # a release waits this long for its prefill: it holds a slot of release_concurrency meanwhile
 MAX_PENDING = 4096  # releases waiting for a slot; past it a release is counted failed (backlog) and not sent
 PATIENT_MAX = 1024  # open releases past which none waits longer than release_carry_ms for a carrier, calm or not
+PATIENT_REASONS = (EVICTED, EXPIRED)  # handles whose release may wait for a carrier while their decode is calm
 CALM_RECHECK_S = 0.25  # a release waiting for a carrier looks again this often (its decode may no longer be calm)
 # Marks a release for pdctl's patch to vLLM (pdctl.vllm_compat.edits): the prefill frees its block at finish.
 RELEASE_FIELD = "pdctl_release"
@@ -156,7 +161,8 @@ class Releaser:
     """Sends releases in the background; `submit` is the handle table's `on_drop`."""
 
     def __init__(self, prefill: Pool, decode: Pool, model: str, metrics: ReleaseMetrics, concurrency: int,
-                 enabled: bool = True, block_size: int = 1, carry_s: float = 0.0, calm_carry_s: float = 0.0) -> None:
+                 enabled: bool = True, block_size: int = 1, carry_s: float = 0.0, calm_carry_s: float = 0.0,
+                 engine_ttl_s: float = VLLM_DECODER_KV_BLOCKS_TTL_S) -> None:
         self.prefill, self.decode, self.model = prefill, decode, model
         self.client: LeanClient | None = None  # the router's, set by the app's lifespan
         self.metrics = metrics
@@ -166,6 +172,7 @@ class Releaser:
         self.carry_s = max(0.0, carry_s)  # how long a queued release waits for a turn to carry it
         self.calm_carry_s = max(0.0, calm_carry_s)  # how long an evicted handle waits while its decode is calm
         self.calm: Callable[[str], bool] | None = None  # decode URL -> whether its KV is calm (retention.py)
+        self.engine_ttl_s = engine_ttl_s  # the decodes' decoder_kv_blocks_ttl: they free a handle's blocks then
         self._urgent = 0  # drains in progress: meanwhile no release waits for a carrier
         self._workers: set[asyncio.Task[None]] = set()
         # Workers draining the queue: one leaves this count in the same step as it finds the queue empty, so a
@@ -223,12 +230,12 @@ class Releaser:
         turn to carry it."""
         try:
             while self._queue:
-                q = self._queue[0]
-                wait = q.at + self._carry_wait(q) - time.monotonic()
-                if wait > 0:
+                i, wait = self._next_due()
+                if i is None:
                     await asyncio.sleep(min(wait, CALM_RECHECK_S))
                     continue  # a turn may have taken it meanwhile, or its decode be calm no longer
-                self._queue.popleft()
+                q = self._queue[i]
+                del self._queue[i]
                 done = False
                 try:
                     done = await self._send(q.handle, q.reason)
@@ -239,15 +246,42 @@ class Releaser:
         finally:
             self._running -= 1
 
-    def _carry_wait(self, q: Queued) -> float:
-        """How long in all `q` waits for a turn to carry it: `carry_s`, longer for an evicted handle while its
-        decode is calm (on a linked pair, the queue short), none once a drain or a failed carrier wants it sent."""
+    def _next_due(self) -> tuple[int | None, float]:
+        """The index of the oldest queued release done waiting for a carrier, or None and how long until the first
+        is. A release waiting on a calm decode does not hold back those behind it (another decode's, another
+        reason's, one close to its decode's TTL). The queue is in the order of `at` and no release waits less than
+        `carry_s` but one that waits not at all (a failed carrier's, at the front), so the scan ends at the first
+        still within its `carry_s`: it passes over the patient ones only."""
+        now, soonest = time.monotonic(), float("inf")
+        calm: dict[str, bool] = {}  # decode URL -> whether releases there may wait longer (looked up once a scan)
+        for i, q in enumerate(self._queue):
+            first = q.at + self.carry_s - now
+            if first > 0 and q.carriable and not self._closed and not self._urgent:
+                return None, min(soonest, first)
+            wait = q.at + self._carry_wait(q, calm) - now
+            if wait <= 0:
+                return i, 0.0
+            soonest = min(soonest, wait)
+        return None, soonest
+
+    def _carry_wait(self, q: Queued, calm: dict[str, bool]) -> float:
+        """How long in all `q` waits for a turn to carry it: `carry_s`; for an evicted or expired handle while its
+        decode is calm (on a linked pair, the queue short), up to `calm_carry_s`, never later than
+        ENGINE_EXPIRY_MARGIN_S before the decode's own TTL would free the blocks; none once a drain or a failed
+        carrier wants it sent. `calm`: what this scan found of each decode so far."""
         if not q.carriable or self._closed or self._urgent or self.carry_s <= 0:
             return 0.0
-        if (q.reason == EVICTED and self.calm_carry_s > self.carry_s and self._open <= PATIENT_MAX
-                and self.calm is not None and self._linked(q.handle.decode_url) and self.calm(q.handle.decode_url)):
-            return self.calm_carry_s
-        return self.carry_s
+        h = q.handle
+        if q.reason not in PATIENT_REASONS or self.calm_carry_s <= self.carry_s or self._open > PATIENT_MAX:
+            return self.carry_s
+        patient = calm.get(h.decode_url)
+        if patient is None:
+            patient = calm[h.decode_url] = (self.calm is not None and self._linked(h.decode_url)
+                                            and self.calm(h.decode_url))
+        if not patient:
+            return self.carry_s
+        lapse = h.received + self.engine_ttl_s - ENGINE_EXPIRY_MARGIN_S - q.at
+        return max(self.carry_s, min(self.calm_carry_s, lapse))
 
     def _linked(self, decode_url: str) -> bool:
         """Whether some prefill was linked to this decode within LINK_S (a turn to it can carry a release)."""

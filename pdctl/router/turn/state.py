@@ -59,7 +59,7 @@ class RouterState:
         rates = Rates()
         releaser = Releaser(prefill, decode, config.model, metrics.releases, config.release_concurrency,
                             config.release, config.block_size, config.release_carry_ms / 1000,
-                            config.release_calm_carry_s)
+                            config.release_calm_carry_s, config.decoder_kv_blocks_ttl)
         capacities = Capacities(config.pin_budget_tokens, config.pin_budget_fraction if config.release else 0.0)
         journal = (Journal(config.state_dir, config.decoder_kv_blocks_ttl)
                    if config.state_dir and config.release and config.mode == "disaggregated" else None)
