@@ -247,41 +247,39 @@ class Releaser:
             self._running -= 1
 
     def _next_due(self) -> tuple[int | None, float]:
-        """The index of the oldest queued release done waiting for a carrier, or None and how long until the first
-        is. A release waiting on a calm decode does not hold back those behind it (another decode's, another
-        reason's, one close to its decode's TTL). The queue is in the order of `at` and no release waits less than
-        `carry_s` but one that waits not at all (a failed carrier's, at the front), so the scan ends at the first
-        still within its `carry_s`: it passes over the patient ones only."""
+        """The index of the oldest queued release done waiting for a turn to carry it, or None and how long until
+        the first is.
+
+        A release waits `carry_s`; an evicted or expired handle's, while its decode is calm (on a linked pair, with
+        at most PATIENT_MAX open), up to `calm_carry_s`, never later than ENGINE_EXPIRY_MARGIN_S before the
+        decode's own TTL would free the blocks; none waits during a drain, after a failed carrier, or once closed.
+        A release waiting on a calm decode does not hold back those behind it (another decode's, another reason's,
+        one close to its TTL). The queue is in the order of `at`, so the scan ends at the first release still
+        inside its `carry_s`: it passes over the waiting ones only."""
+        if self._closed or self._urgent or self.carry_s <= 0:
+            return (0, 0.0) if self._queue else (None, 0.0)
         now, soonest = time.monotonic(), float("inf")
+        patient = self.calm_carry_s > self.carry_s and self._open <= PATIENT_MAX and self.calm is not None
         calm: dict[str, bool] = {}  # decode URL -> whether releases there may wait longer (looked up once a scan)
         for i, q in enumerate(self._queue):
+            if not q.carriable:
+                return i, 0.0
             first = q.at + self.carry_s - now
-            if first > 0 and q.carriable and not self._closed and not self._urgent:
+            if first > 0:
                 return None, min(soonest, first)
-            wait = q.at + self._carry_wait(q, calm) - now
+            if not patient or q.reason not in PATIENT_REASONS:
+                return i, 0.0
+            h = q.handle
+            ok = calm.get(h.decode_url)
+            if ok is None:
+                ok = calm[h.decode_url] = self._linked(h.decode_url) and bool(self.calm and self.calm(h.decode_url))
+            if not ok:
+                return i, 0.0
+            wait = q.at + min(self.calm_carry_s, h.received + self.engine_ttl_s - ENGINE_EXPIRY_MARGIN_S - q.at) - now
             if wait <= 0:
                 return i, 0.0
             soonest = min(soonest, wait)
         return None, soonest
-
-    def _carry_wait(self, q: Queued, calm: dict[str, bool]) -> float:
-        """How long in all `q` waits for a turn to carry it: `carry_s`; for an evicted or expired handle while its
-        decode is calm (on a linked pair, the queue short), up to `calm_carry_s`, never later than
-        ENGINE_EXPIRY_MARGIN_S before the decode's own TTL would free the blocks; none once a drain or a failed
-        carrier wants it sent. `calm`: what this scan found of each decode so far."""
-        if not q.carriable or self._closed or self._urgent or self.carry_s <= 0:
-            return 0.0
-        h = q.handle
-        if q.reason not in PATIENT_REASONS or self.calm_carry_s <= self.carry_s or self._open > PATIENT_MAX:
-            return self.carry_s
-        patient = calm.get(h.decode_url)
-        if patient is None:
-            patient = calm[h.decode_url] = (self.calm is not None and self._linked(h.decode_url)
-                                            and self.calm(h.decode_url))
-        if not patient:
-            return self.carry_s
-        lapse = h.received + self.engine_ttl_s - ENGINE_EXPIRY_MARGIN_S - q.at
-        return max(self.carry_s, min(self.calm_carry_s, lapse))
 
     def _linked(self, decode_url: str) -> bool:
         """Whether some prefill was linked to this decode within LINK_S (a turn to it can carry a release)."""
