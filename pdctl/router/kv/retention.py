@@ -158,8 +158,9 @@ class Retention:
 
     def calm(self, url: str) -> bool:
         """Whether the decode at `url` has KV to spare: a poll at most CALM_AGE_S ago found it at or below
-        `retain_target_kv` with nothing waiting. A release of a handle evicted there may then wait longer for a turn
-        to carry it (release.py); unknown (no recent poll, no usage reported, retention off) is not calm."""
+        `retain_target_kv` with nothing waiting. A release of a handle evicted or expired there may then wait longer
+        for a turn to carry it (release.py); unknown (no recent poll, no usage reported, retention off) is not
+        calm."""
         kv = self.seen.get(url)
         return (self.enabled and kv is not None and kv.usage is not None and kv.usage <= self.target
                 and kv.waiting == 0 and time.monotonic() - kv.at <= CALM_AGE_S)
