@@ -45,15 +45,10 @@ it back to a worker (`carried`). A carried release is counted with result `carri
 decode their prefill has already notified with a release of its own (`take`): the first contact on a pair is a
 one-token request, which has finished by the time a failed NIXL handshake could be reported against it.
 
-A handle evicted from a full table, or expired, waits longer for a carrier while its decode's KV is calm (`calm`:
-the retention poll found it at or below `retain_target_kv` with nothing waiting): up to `release_calm_carry_s`, on
-a linked pair, while fewer than PATIENT_MAX releases are open, and never later than ENGINE_EXPIRY_MARGIN_S before
-the decode's own `decoder_kv_blocks_ttl` frees the blocks (a notify after that finds nothing). Freeing those
-blocks sooner would free what nothing needs, at the price of a request of its own: where traffic pauses (the end
-of a burst), the evictions of its last turns would otherwise each go alone once `release_carry_ms` is up, and a
-sweep's expiries come in batches larger than the turns of a carry window; the next new conversations carry them
-instead. A poll that finds the decode under pressure ends the wait (the worker looks again every
-CALM_RECHECK_S), as do a drain (`drained`, `urgent`: a reset, a stopping router) and a closed releaser.
+An evicted or expired handle's release waits longer while its decode is calm (`_next_due`): blocks nothing needs
+are not worth a request of their own, and where traffic pauses the evictions of a burst's last turns (or a sweep's
+expiries, in batches larger than a carry window's turns) would each go alone; the next new conversations carry
+them instead. Pressure, a drain (`urgent`: a reset, a stopping router) or a close ends the wait.
 """
 
 from __future__ import annotations
@@ -247,15 +242,12 @@ class Releaser:
             self._running -= 1
 
     def _next_due(self) -> tuple[int | None, float]:
-        """The index of the oldest queued release done waiting for a turn to carry it, or None and how long until
-        the first is.
-
-        A release waits `carry_s`; an evicted or expired handle's, while its decode is calm (on a linked pair, with
-        at most PATIENT_MAX open), up to `calm_carry_s`, never later than ENGINE_EXPIRY_MARGIN_S before the
-        decode's own TTL would free the blocks; none waits during a drain, after a failed carrier, or once closed.
-        A release waiting on a calm decode does not hold back those behind it (another decode's, another reason's,
-        one close to its TTL). The queue is in the order of `at`, so the scan ends at the first release still
-        inside its `carry_s`: it passes over the waiting ones only."""
+        """The index of the oldest queued release done waiting for a carrier, or None and how long until the first
+        is. A release waits `carry_s`; an evicted or expired handle's, while its decode is calm (retention.py) on a
+        linked pair with at most PATIENT_MAX open, up to `calm_carry_s` but not past ENGINE_EXPIRY_MARGIN_S before
+        the decode's TTL frees the blocks (a notify then finds nothing); none during a drain, after a failed carrier
+        or once closed. One waiting holds back none behind it; the queue is in the order of `at`, so the scan ends
+        at the first release still inside its `carry_s`."""
         if self._closed or self._urgent or self.carry_s <= 0:
             return (0, 0.0) if self._queue else (None, 0.0)
         now, soonest = time.monotonic(), float("inf")
